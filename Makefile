@@ -1,0 +1,27 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	# The CPU build of torch first, so the unpinned `torch>=2.11` below is already satisfied (no CUDA download).
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+.PHONY: install run test lint
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/autotune tune --hidden 512 --tp 2 --mbs 1 --seq 512 --trials 12 --out presets
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
