@@ -1,0 +1,252 @@
+"""Overlap configs and the rules this runtime can honour.
+
+An `OverlapConfig` carries TE's `ub_cfgs` keys (method, num_sm, num_splits, ...) plus our own knobs
+(`num_max_streams`, `gemm`).  A knob left as None means "the method's default on this backend"; a knob
+set to a value that the method or the backend cannot honour is rejected with a `ConfigError`, never
+silently ignored.  Torch-free, so `search_spaces` can check its spaces against it anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from overlap_runtime.errors import ConfigError
+from overlap_runtime.shape import RS_DGRAD_SLOTS, Collective, ModelShape, Slot, SlotGemm, slot_gemm
+
+BACKENDS = ("cpu", "cuda")
+GEMM_KINDS = ("triton", "cublas")
+MAX_NUM_SM = 64
+MAX_NUM_SPLITS = 16
+MAX_CGA_SIZE = 4
+MAX_STREAMS = 4
+
+
+class Method(enum.StrEnum):
+    NONE = "none"
+    """Collective and GEMM back to back: the baseline every search includes."""
+    RING_EXCHANGE = "ring_exchange"
+    """tp chunks; GEMM on one chunk while the next moves (AG), or partials sent to their owners (RS)."""
+    PIPELINE = "pipeline"
+    """num_splits output-feature chunks; RS of chunk i while chunk i+1 computes."""
+    BULK = "bulk"
+    """An independent AG/RS on the comm stream beside one full GEMM."""
+    EXTERNAL = "external"
+    """TE's MXFP8-only wgrad all-gather; catalogued, not measured."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceLimits:
+    """What the GPU allows: read from the device by the runtime, passed to validation."""
+
+    sm_count: int
+    priority_range: tuple[int, int] = (-5, 0)
+    """(greatest, least) CUDA stream priority; greatest is the most negative."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OverlapConfig:
+    """One candidate config for one slot (TE `ub_cfgs` entry plus our knobs)."""
+
+    method: Method
+    num_sm: int | None = None
+    """SMs for SM-driven communication (NCCL CTAs); with set_sm_margin also taken from the GEMM."""
+    num_splits: int | None = None
+    """pipeline: chunks along the GEMM's output-feature dim (must divide it)."""
+    aggregate: bool = False
+    """ring_exchange all-gather: two chunks per step (tp >= 4)."""
+    use_ce: bool | None = None
+    """ring_exchange: copy-engine pushes into peer buffers (True) or NCCL send/recv kernels (False)."""
+    set_sm_margin: bool = False
+    """Hold the GEMM to sm_count - num_sm SMs."""
+    atomic_gemm: bool = False
+    fp8_buf: bool = False
+    cga_size: int | None = None
+    """Cluster size of SM-driven comm kernels."""
+    num_max_streams: int | None = None
+    """Compute streams that the chunk GEMMs rotate over."""
+    comm_priority: int | None = None
+    gemm_priority: int | None = None
+    pipeline_rs_overlap_first_gemm: bool = False
+    """pipeline: launch GEMM chunk i+1 before the RS of chunk i."""
+    gemm: str | None = None
+    """Our knob: which GEMM runs the chunks, "triton" (ours, SM-bounded) or "cublas"."""
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "method", Method(self.method))
+        except ValueError:
+            raise ConfigError("method", f"must be one of {', '.join(m.value for m in Method)}", self.method) from None
+        for name in ("num_sm", "num_splits", "cga_size", "num_max_streams", "comm_priority", "gemm_priority"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(name, "must be an integer", value)
+        for name in ("aggregate", "set_sm_margin", "atomic_gemm", "fp8_buf", "pipeline_rs_overlap_first_gemm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, "must be true or false", getattr(self, name))
+        if self.use_ce is not None and not isinstance(self.use_ce, bool):
+            raise ConfigError("use_ce", "must be true or false", self.use_ce)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The knobs that differ from their unset default, method first."""
+        out: dict[str, Any] = {"method": self.method.value}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name != "method" and value != f.default:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OverlapConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(key, f"is not a config key; known keys: {', '.join(sorted(known))}")
+        if "method" not in data:
+            raise ConfigError("method", "is required")
+        return cls(**data)
+
+
+def uses_rs_dgrad(slot: Slot, method: Method) -> bool:
+    """TE moves qkv_dgrad / fc1_dgrad to a reduce-scatter of their output under any method but bulk."""
+    return slot in RS_DGRAD_SLOTS and method in (Method.RING_EXCHANGE, Method.PIPELINE)
+
+
+def problem(shape: ModelShape, slot: Slot, method: Method) -> SlotGemm:
+    """The GEMM + collective that ``method`` runs for ``slot``."""
+    return slot_gemm(shape, Slot(slot), rs_dgrad=uses_rs_dgrad(Slot(slot), Method(method)))
+
+
+_CPU_MEANINGLESS = ("num_sm", "use_ce", "cga_size", "num_max_streams", "comm_priority", "gemm_priority", "gemm")
+
+
+def check_config(
+    config: OverlapConfig,
+    gemm: SlotGemm,
+    *,
+    backend: str,
+    limits: DeviceLimits | None = None,
+) -> None:
+    """Raise `ConfigError` unless this runtime can run ``config`` for ``gemm`` on ``backend`` as asked."""
+    if backend not in BACKENDS:
+        raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
+    _check_method(config.method, gemm)
+    if config.atomic_gemm:
+        raise ConfigError("atomic_gemm", "needs FP8 GEMMs, which this runtime does not run yet", True)
+    if config.fp8_buf:
+        raise ConfigError("fp8_buf", "needs FP8 GEMMs, which this runtime does not run yet", True)
+    if backend == "cpu":
+        for name in _CPU_MEANINGLESS:
+            if getattr(config, name) is not None:
+                raise ConfigError(name, "has no meaning on the cpu backend; leave it unset", getattr(config, name))
+        if config.set_sm_margin:
+            raise ConfigError("set_sm_margin", "has no meaning on the cpu backend; leave it false", True)
+    _check_knobs(config, gemm, limits)
+
+
+def _check_method(method: Method, gemm: SlotGemm) -> None:
+    slot = gemm.slot.value
+    if method == Method.EXTERNAL:
+        raise ConfigError("method", f"external is TE's MXFP8-only wgrad path and is not measured ({slot})", "external")
+    if method == Method.RING_EXCHANGE and not gemm.coupled:
+        raise ConfigError(
+            "method", f"ring_exchange needs a collective that feeds or drains the GEMM; {slot} runs bulk", method.value
+        )
+    if method == Method.PIPELINE and not (gemm.coupled and gemm.collective == Collective.REDUCE_SCATTER):
+        raise ConfigError(
+            "method",
+            f"pipeline splits a GEMM whose output is reduce-scattered; {slot} all-gathers its input",
+            method.value,
+        )
+    if method == Method.BULK and gemm.coupled:
+        raise ConfigError(
+            "method",
+            f"bulk needs a collective independent of the GEMM; {slot}'s {gemm.collective.value} is coupled to it",
+            method.value,
+        )
+
+
+def _sm_driven_comm(config: OverlapConfig) -> bool:
+    """Whether the comm runs as SM kernels (NCCL), so num_sm / cga_size shape it."""
+    if config.method == Method.RING_EXCHANGE:
+        return config.use_ce is False
+    return config.method in (Method.PIPELINE, Method.BULK)
+
+
+def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | None) -> None:
+    method = config.method
+    chunked = method in (Method.RING_EXCHANGE, Method.PIPELINE)
+    if method == Method.NONE:
+        for name in ("num_sm", "num_splits", "use_ce", "cga_size", "num_max_streams", "comm_priority", "gemm_priority"):
+            if getattr(config, name) is not None:
+                raise ConfigError(name, "has no meaning for method none (nothing overlaps)", getattr(config, name))
+        for name in ("aggregate", "set_sm_margin", "pipeline_rs_overlap_first_gemm"):
+            if getattr(config, name):
+                raise ConfigError(name, "has no meaning for method none (nothing overlaps)", True)
+    if config.num_sm is not None:
+        max_sm = MAX_NUM_SM if limits is None else min(MAX_NUM_SM, limits.sm_count - 1)
+        if not 1 <= config.num_sm <= max_sm:
+            raise ConfigError("num_sm", f"must be between 1 and {max_sm}", config.num_sm)
+        if not (_sm_driven_comm(config) or config.set_sm_margin):
+            raise ConfigError(
+                "num_sm",
+                "only matters for SM-driven comm (use_ce=false, pipeline, bulk) or with set_sm_margin",
+                config.num_sm,
+            )
+    if config.set_sm_margin and config.num_sm is None:
+        raise ConfigError("set_sm_margin", "needs num_sm (the SMs kept off the GEMM)", True)
+    if config.num_splits is not None:
+        if method == Method.RING_EXCHANGE:
+            if config.num_splits != gemm.tp:
+                raise ConfigError("num_splits", f"ring_exchange always runs tp={gemm.tp} chunks", config.num_splits)
+        elif method != Method.PIPELINE:
+            raise ConfigError(
+                "num_splits", f"only pipeline and ring_exchange split the GEMM, not {method.value}", config.num_splits
+            )
+        elif not 1 <= config.num_splits <= MAX_NUM_SPLITS or gemm.n % config.num_splits:
+            raise ConfigError(
+                "num_splits",
+                f"must be between 1 and {MAX_NUM_SPLITS} and divide the output width {gemm.n}",
+                config.num_splits,
+            )
+    if config.aggregate:
+        if not (method == Method.RING_EXCHANGE and gemm.collective == Collective.ALL_GATHER):
+            raise ConfigError("aggregate", "only a ring_exchange all-gather aggregates chunks", True)
+        if gemm.tp < 4 or gemm.tp % 2:
+            raise ConfigError(
+                "aggregate", f"needs an even tp >= 4 (two chunks per step, at least two steps), tp={gemm.tp}", True
+            )
+    if config.use_ce is not None and method != Method.RING_EXCHANGE:
+        raise ConfigError(
+            "use_ce", f"only ring_exchange chooses copy engine vs SM copies, not {method.value}", config.use_ce
+        )
+    if config.cga_size is not None:
+        if not _sm_driven_comm(config):
+            raise ConfigError(
+                "cga_size", "only shapes SM-driven comm kernels (use_ce=false, pipeline, bulk)", config.cga_size
+            )
+        if not 1 <= config.cga_size <= MAX_CGA_SIZE:
+            raise ConfigError("cga_size", f"must be between 1 and {MAX_CGA_SIZE}", config.cga_size)
+        if config.num_sm is not None and config.cga_size > config.num_sm:
+            raise ConfigError("cga_size", f"must not exceed num_sm={config.num_sm}", config.cga_size)
+    if config.num_max_streams is not None:
+        if not chunked:
+            raise ConfigError(
+                "num_max_streams",
+                "only chunked methods (ring_exchange, pipeline) use several GEMM streams",
+                config.num_max_streams,
+            )
+        if not 1 <= config.num_max_streams <= MAX_STREAMS:
+            raise ConfigError("num_max_streams", f"must be between 1 and {MAX_STREAMS}", config.num_max_streams)
+    if config.pipeline_rs_overlap_first_gemm and method != Method.PIPELINE:
+        raise ConfigError("pipeline_rs_overlap_first_gemm", "only applies to pipeline", True)
+    for name in ("comm_priority", "gemm_priority"):
+        value = getattr(config, name)
+        if value is not None and limits is not None:
+            hi, lo = limits.priority_range
+            if not hi <= value <= lo:
+                raise ConfigError(name, f"must be a stream priority between {hi} (highest) and {lo}", value)
+    if config.gemm is not None and config.gemm not in GEMM_KINDS:
+        raise ConfigError("gemm", f"must be one of {', '.join(GEMM_KINDS)}", config.gemm)

@@ -1,0 +1,237 @@
+"""Model shapes and the GEMM each TE userbuffers slot runs on one rank.
+
+Legend (TE's names, `te_nemo.md` §1.7): T = seq*mbs/cp tokens of one TP group, H = hidden, P = tp,
+F = ffn_hidden, F1 = F (or 2F for a gated MLP), Q = (heads + 2*query_groups)*head_dim (= 3H for MHA).
+Every communicator's buffer is [T, H]: an all-gather turns [T/P, H] into [T, H], a reduce-scatter
+[T, H] into [T/P, H].  GEMMs are row-major ``out[m, n] = a[m, k] @ b[k, n]``.
+
+This module imports no torch, so `search_spaces` and the service can use it on any machine.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from overlap_runtime.errors import ShapeError
+
+DTYPES = ("bf16", "fp8")
+
+
+class Slot(enum.StrEnum):
+    """The GEMM slots of a transformer layer, named as TE's `initialize_ub` names them."""
+
+    QKV_FPROP = "qkv_fprop"
+    PROJ_FPROP = "proj_fprop"
+    FC1_FPROP = "fc1_fprop"
+    FC2_FPROP = "fc2_fprop"
+    PROJ_DGRAD = "proj_dgrad"
+    FC2_DGRAD = "fc2_dgrad"
+    QKV_DGRAD = "qkv_dgrad"
+    QKV_WGRAD = "qkv_wgrad"
+    FC1_DGRAD = "fc1_dgrad"
+    FC1_WGRAD = "fc1_wgrad"
+    PROJ_WGRAD = "proj_wgrad"
+    FC2_WGRAD = "fc2_wgrad"
+
+
+class Collective(enum.StrEnum):
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelShape:
+    """One (hidden, tp, mbs, seq) shape of a transformer layer under tensor + sequence parallelism."""
+
+    hidden: int
+    """Model width H."""
+    tp: int
+    """Tensor-parallel size P (ranks in the TP group)."""
+    mbs: int = 1
+    """Micro-batch size."""
+    seq: int
+    """Sequence length."""
+    ffn_hidden: int | None = None
+    """MLP width F; None means 4*hidden."""
+    num_heads: int | None = None
+    """Attention heads; None means the qkv width is 3*hidden (MHA) and heads are not checked."""
+    num_query_groups: int | None = None
+    """GQA key/value groups; None means num_heads (MHA)."""
+    gated: bool = False
+    """Gated MLP (SwiGLU): fc1 is twice as wide."""
+    dtype: str = "bf16"
+    """GEMM input dtype: bf16 or fp8."""
+    cp: int = 1
+    """Context-parallel size: each TP group sees seq/cp tokens."""
+    ffn: int = field(init=False)
+    qkv_width: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "tp", "mbs", "seq", "cp"):
+            _positive(name, getattr(self, name))
+        if self.ffn_hidden is not None:
+            _positive("ffn_hidden", self.ffn_hidden)
+        if self.dtype not in DTYPES:
+            raise ShapeError("dtype", f"must be one of {', '.join(DTYPES)}", self.dtype)
+        if self.seq % self.cp:
+            raise ShapeError("seq", f"must be divisible by cp={self.cp}", self.seq)
+        if self.hidden % self.tp:
+            raise ShapeError("hidden", f"must be divisible by tp={self.tp}", self.hidden)
+        if self.tokens % self.tp:
+            raise ShapeError(
+                "seq",
+                f"seq*mbs/cp = {self.tokens} tokens must be divisible by tp={self.tp} (sequence parallel)",
+                self.seq,
+            )
+        ffn = 4 * self.hidden if self.ffn_hidden is None else self.ffn_hidden
+        if ffn % self.tp:
+            raise ShapeError("ffn_hidden", f"must be divisible by tp={self.tp}", ffn)
+        object.__setattr__(self, "ffn", ffn)
+        object.__setattr__(self, "qkv_width", self._qkv_width())
+
+    def _qkv_width(self) -> int:
+        if self.num_heads is None:
+            if self.num_query_groups is not None:
+                raise ShapeError("num_query_groups", "needs num_heads", self.num_query_groups)
+            return 3 * self.hidden
+        _positive("num_heads", self.num_heads)
+        if self.hidden % self.num_heads:
+            raise ShapeError("hidden", f"must be divisible by num_heads={self.num_heads}", self.hidden)
+        if self.num_heads % self.tp:
+            raise ShapeError("num_heads", f"must be divisible by tp={self.tp}", self.num_heads)
+        groups = self.num_heads if self.num_query_groups is None else self.num_query_groups
+        _positive("num_query_groups", groups)
+        if self.num_heads % groups:
+            raise ShapeError("num_query_groups", f"must divide num_heads={self.num_heads}", groups)
+        if groups % self.tp:
+            raise ShapeError("num_query_groups", f"must be divisible by tp={self.tp}", groups)
+        return (self.num_heads + 2 * groups) * (self.hidden // self.num_heads)
+
+    @property
+    def tokens(self) -> int:
+        """T: rows of every userbuffers communicator."""
+        return self.seq * self.mbs // self.cp
+
+    @property
+    def fc1_width(self) -> int:
+        """F1: fc1's output width (doubled for a gated MLP)."""
+        return 2 * self.ffn if self.gated else self.ffn
+
+    def to_dict(self) -> dict[str, object]:
+        """The shape as given, with ffn_hidden resolved: the JSON form the CLI, API and storage use."""
+        return {
+            "hidden": self.hidden,
+            "tp": self.tp,
+            "mbs": self.mbs,
+            "seq": self.seq,
+            "ffn_hidden": self.ffn,
+            "num_heads": self.num_heads,
+            "num_query_groups": self.num_query_groups,
+            "gated": self.gated,
+            "dtype": self.dtype,
+            "cp": self.cp,
+        }
+
+    def label(self) -> str:
+        """Short human name, as in preset file names: ``h8192_tp2_mbs1_seqlen4096``."""
+        cp = f"_cp{self.cp}" if self.cp > 1 else ""
+        return f"h{self.hidden}_tp{self.tp}{cp}_mbs{self.mbs}_seqlen{self.seq}"
+
+
+def _positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ShapeError(name, "must be a positive integer", value)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlotGemm:
+    """What one rank computes and communicates for one slot.
+
+    ``coupled`` collectives feed the GEMM (all-gather of its ``a``) or consume its output (reduce-scatter
+    of ``out``); a bulk collective moves an independent [T, H] tensor beside the GEMM.
+    """
+
+    slot: Slot
+    m: int
+    n: int
+    k: int
+    collective: Collective
+    coupled: bool
+    tokens: int
+    """T: the communicated tensor is [T, hidden] (gathered) / [T/P, hidden] (scattered)."""
+    hidden: int
+    tp: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def comm_bytes_per_rank(self) -> int:
+        """Bytes one rank sends in the collective (bf16)."""
+        return (self.tp - 1) * (self.tokens // self.tp) * self.hidden * 2
+
+
+# (collective when the slot runs bulk/its default, coupled, GEMM dims as (m, n, k) in terms of the shape)
+_AG_FPROP = (Slot.QKV_FPROP, Slot.FC1_FPROP, Slot.PROJ_DGRAD, Slot.FC2_DGRAD)
+_RS_FPROP = (Slot.PROJ_FPROP, Slot.FC2_FPROP)
+_DGRAD_BULK = (Slot.QKV_DGRAD, Slot.FC1_DGRAD)
+_WGRAD_BULK = (Slot.QKV_WGRAD, Slot.FC1_WGRAD)
+EXTERNAL_SLOTS = (Slot.PROJ_WGRAD, Slot.FC2_WGRAD)
+RS_DGRAD_SLOTS = _DGRAD_BULK
+
+
+def gemm_dims(shape: ModelShape, slot: Slot) -> tuple[int, int, int]:
+    """(m, n, k) of the per-rank GEMM, exactly as TE sizes it (te_nemo.md §1.7)."""
+    t, h, p = shape.tokens, shape.hidden, shape.tp
+    # A = num_heads * head_dim = hidden for every shape we accept.
+    dims = {
+        Slot.QKV_FPROP: (t, shape.qkv_width // p, h),
+        Slot.FC1_FPROP: (t, shape.fc1_width // p, h),
+        Slot.PROJ_DGRAD: (t, h // p, h),
+        Slot.FC2_DGRAD: (t, shape.ffn // p, h),
+        Slot.PROJ_FPROP: (t, h, h // p),
+        Slot.FC2_FPROP: (t, h, shape.ffn // p),
+        Slot.QKV_DGRAD: (t, h, shape.qkv_width // p),
+        Slot.FC1_DGRAD: (t, h, shape.fc1_width // p),
+        Slot.QKV_WGRAD: (shape.qkv_width // p, h, t),
+        Slot.FC1_WGRAD: (shape.fc1_width // p, h, t),
+        Slot.PROJ_WGRAD: (h, h // p, t),
+        Slot.FC2_WGRAD: (h, shape.ffn // p, t),
+    }
+    return dims[slot]
+
+
+def slot_gemm(shape: ModelShape, slot: Slot, *, rs_dgrad: bool = False) -> SlotGemm:
+    """The per-rank GEMM and collective of ``slot``.
+
+    ``rs_dgrad`` is TE's dgrad reduce-scatter mode for qkv_dgrad / fc1_dgrad (any method but bulk):
+    the dgrad output is reduce-scattered instead of gathering X_ln beside it.
+    """
+    slot = Slot(slot)
+    if rs_dgrad and slot not in RS_DGRAD_SLOTS:
+        raise ShapeError("slot", "reduce-scatter dgrad exists only for qkv_dgrad and fc1_dgrad", slot.value)
+    m, n, k = gemm_dims(shape, slot)
+    if slot in _AG_FPROP:
+        collective, coupled = Collective.ALL_GATHER, True
+    elif slot in _RS_FPROP:
+        collective, coupled = Collective.REDUCE_SCATTER, True
+    elif slot in _DGRAD_BULK:
+        collective = Collective.REDUCE_SCATTER if rs_dgrad else Collective.ALL_GATHER
+        coupled = rs_dgrad
+    elif slot in _WGRAD_BULK:
+        collective, coupled = Collective.REDUCE_SCATTER, False
+    else:  # external wgrad: an all-gather of dY beside the wgrad GEMM (MXFP8 only in TE)
+        collective, coupled = Collective.ALL_GATHER, False
+    return SlotGemm(
+        slot=slot,
+        m=m,
+        n=n,
+        k=k,
+        collective=collective,
+        coupled=coupled,
+        tokens=shape.tokens,
+        hidden=shape.hidden,
+        tp=shape.tp,
+    )
