@@ -1,0 +1,366 @@
+"""A persistent Triton GEMM whose SM count is an argument, and cuBLAS held to an SM count beside it.
+
+Shape legend (row-major, as everywhere in `overlap_runtime`):
+    a   [M, K]   left operand (tokens x in-features)
+    b   [K, N]   right operand (in-features x out-features, i.e. a weight already transposed)
+    out [M, N]   ``out[m, n] = sum_k a[m, k] * b[k, n]``, accumulated in fp32, stored in ``a.dtype``
+Any of the three may be a strided view: a transpose (``w.t()``), a row slice, or a column slice of a
+bigger buffer (``buf[:, 128:256]``, the chunk of a userbuffers communicator).  Strides go to the kernel
+as they are; nothing is copied.  ``out`` is written in place when given and must not overlap ``a`` or
+``b`` (not checked: overlapping views give undefined results).
+
+The SM contract.  `matmul` launches ``min(num_sms, tiles)`` programs and each one loops over the
+output tiles ``pid, pid + num_sms, ...`` (grouped, ``group_m`` rows of tiles at a time, for L2 reuse).
+So ``num_sms`` is a *hard bound*: at most ``num_sms`` programs exist, so the GEMM never occupies more than
+``num_sms`` SMs (the block scheduler puts them on idle SMs first; a 128x256 program with 8 warps and
+~200 KB of shared memory fills an SM), and the others stay free for communication kernels.  `cublas_matmul` can only *ask* cuBLAS for fewer SMs: it sets PyTorch's SM
+carve-out on the cuBLASLt path (the only path that reads it, ``torch_flux.md`` §2.1), a target that
+cuBLASLt's heuristic may turn into a different kernel but that is no guarantee of the SMs it uses.
+
+Measured on H200 (132 SMs, ``h200_anchors.md``): this kernel's shape (no TMA, pointer loads) with
+128x256x64 tiles, 8 warps, 4 stages ran 8192^3 bf16 at 760 TFLOP/s at 132 SMs (cuBLAS parity),
+719 at 124, 707 at 116, 628 at 100 and 437 at 66.
+
+The kernel is launched on the current CUDA stream of ``a``'s device.  With ``TRITON_INTERPRET=1`` set
+before this module is imported, it runs in Triton's interpreter on CPU tensors (the tests do this).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from overlap_runtime.errors import ConfigError, InputError
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""Input/output dtypes of `matmul`; the accumulator is always fp32."""
+
+CPU_DEFAULT_NUM_SMS = 4
+"""Programs launched on CPU tensors (Triton's interpreter) when ``num_sms`` is None."""
+
+MAX_INT32_OFFSET = 2**31 - 1
+"""The kernel computes element offsets in int32: larger views are rejected, not silently wrapped."""
+
+# Relative speed of one program per tile shape (tile flops per unit time, 128x256 = 1), used by
+# `choose_config` to trade tile efficiency against idle SMs in the last wave.  From `bench/gemm_bench.py`
+# on one H200 (2026-11-30): 128x128 (4 warps) ran at 0.92-0.97 of 128x256's rate on 8192^3 and beat it on
+# 2048x5120x2560 and 2048x2560x5120 (0.098 vs 0.110 / 0.118 ms); 64x128 ran at 0.59 (torch_flux.md §3.3
+# has 726 vs 785 TFLOP/s for 128x128 vs 128x256 in a TMA kernel).  Re-check with the benchmark's sweep.
+_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.92, (64, 128): 0.59}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GemmTileConfig:
+    """Tile shape and launch parameters of the persistent kernel (all Triton compile-time constants)."""
+
+    block_m: int = 128
+    """Rows of ``out`` per tile (power of two, >= 16)."""
+    block_n: int = 256
+    """Columns of ``out`` per tile (power of two, >= 16)."""
+    block_k: int = 64
+    """Depth of one step of the K loop (power of two, >= 16)."""
+    num_warps: int = 8
+    """Warps per program (1, 2, 4, 8 or 16)."""
+    num_stages: int = 4
+    """Software-pipelining depth of the K loop (>= 1); each stage holds one a- and one b-block in SMEM."""
+    group_m: int = 8
+    """Rows of tiles visited together by the grouped tile order (>= 1): the L2 reuse knob."""
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 16 or value & (value - 1):
+                raise ConfigError(name, "must be a power of two >= 16", value)
+        if not _is_int(self.num_warps) or self.num_warps not in (1, 2, 4, 8, 16):
+            raise ConfigError("num_warps", "must be one of 1, 2, 4, 8, 16", self.num_warps)
+        for name in ("num_stages", "group_m"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ConfigError(name, "must be an integer >= 1", value)
+
+    def label(self) -> str:
+        """Short name: ``128x256x64_w8_s4_g8``."""
+        return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}_g{self.group_m}"
+
+
+LARGE = GemmTileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
+"""Large problems: cuBLAS parity at 8192^3 bf16 on H200 (h200_anchors.md)."""
+MEDIUM = GemmTileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
+"""When 128x256 tiles would leave many SMs idle in the last wave."""
+SMALL = GemmTileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
+"""Few tiles (small M or N)."""
+
+
+def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int) -> GemmTileConfig:
+    """The tile config `matmul` uses when the caller gives none.
+
+    The heuristic: a persistent kernel finishes when its busiest program does, after
+    ``ceil(tiles / num_sms)`` tiles, so a config costs ``ceil(tiles / num_sms) * tile_area / efficiency``
+    (`_TILE_EFFICIENCY`).  The cheapest of LARGE, MEDIUM and SMALL wins, ties to the larger tile.  So
+    big problems take 128x256x64 (8 warps, 4 stages), and 128x128 / 64x128 take over when 128x256 tiles
+    would leave most SMs idle in the last wave.  ``k`` does not enter: every K step costs the same.
+    For fp32 inputs (tests), block_k is halved and stages drop to 3 so the stages fit in SMEM.
+    """
+    del k  # same cost per K step for every candidate
+    best, best_cost = LARGE, math.inf
+    for cfg in (LARGE, MEDIUM, SMALL):
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        rounds = triton.cdiv(tiles, num_sms)
+        cost = rounds * cfg.block_m * cfg.block_n / _TILE_EFFICIENCY[(cfg.block_m, cfg.block_n)]
+        if cost < best_cost:
+            best, best_cost = cfg, cost
+    if dtype == torch.float32:
+        best = dataclasses.replace(best, block_k=best.block_k // 2, num_stages=3)
+    return best
+
+
+@triton.jit
+def _load_block(ptrs, rows_ok, cols_ok, EVEN_ROWS: tl.constexpr, EVEN_COLS: tl.constexpr):
+    """Load a 2-D block, masking (with zeros) only the dimensions that can be ragged."""
+    if EVEN_ROWS and EVEN_COLS:
+        block = tl.load(ptrs)
+    elif EVEN_ROWS:
+        block = tl.load(ptrs, mask=cols_ok[None, :], other=0.0)
+    elif EVEN_COLS:
+        block = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    else:
+        block = tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+    return block
+
+
+@triton.jit
+def _persistent_matmul_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_pid_in_group = GROUP_M * num_pid_n
+    offs_k0 = tl.arange(0, BLOCK_K)
+
+    for tile in tl.range(pid, num_tiles, NUM_SMS):
+        # Grouped order: GROUP_M rows of tiles are walked column by column, so the b-blocks they
+        # share stay in L2.
+        group_id = tile // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
+        pid_n = (tile % num_pid_in_group) // group_size_m
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k0[None, :] * stride_ak
+        b_ptrs = b_ptr + offs_k0[:, None] * stride_bk + offs_n[None, :] * stride_bn
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            mask_k = offs_k0 < K - ki * BLOCK_K
+            a = _load_block(a_ptrs, mask_m, mask_k, EVEN_M, EVEN_K)
+            b = _load_block(b_ptrs, mask_k, mask_n, EVEN_K, EVEN_N)
+            if UPCAST:  # interpreter only: it multiplies bf16 bit patterns (triton#11584)
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            # fp32 inputs: full fp32 products, not TF32 (the tests compare against float64).
+            if FP32_IEEE:  # noqa: SIM108 (keeps the bf16 path literally `tl.dot(a, b, acc)`)
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        c = acc.to(c_ptr.dtype.element_ty)
+        if EVEN_M and EVEN_N:
+            tl.store(c_ptrs, c)
+        else:
+            tl.store(c_ptrs, c, mask=mask_m[:, None] & mask_n[None, :])
+
+
+INTERPRETED = isinstance(_persistent_matmul_kernel, InterpretedFunction)
+"""True when TRITON_INTERPRET=1 was set before this module was imported: the kernel runs in Triton's
+interpreter (CPU tensors allowed), and bf16 operands are upcast to fp32 before `tl.dot` there."""
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    num_sms: int | None = None,
+    config: GemmTileConfig | None = None,
+) -> torch.Tensor:
+    """``out = a @ b`` on at most ``num_sms`` SMs (None: all of the device's; 4 on CPU).
+
+    ``config`` None picks tiles with `choose_config`.  Raises `InputError` (a ValueError) naming the
+    argument for bad tensors or ``num_sms``, `ConfigError` for a bad ``config``.
+    """
+    m, n, k = _check_operands(a, b, out)
+    if a.device.type != "cuda" and not INTERPRETED:
+        raise InputError(
+            "a", "must be a CUDA tensor (CPU tensors need TRITON_INTERPRET=1 before this import)", str(a.device)
+        )
+    sms = _resolve_num_sms(a.device, num_sms)
+    if config is not None and not isinstance(config, GemmTileConfig):
+        raise ConfigError("config", "must be a GemmTileConfig or None", type(config).__name__)
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    cfg = config if config is not None else choose_config(m, n, k, a.dtype, sms)
+    grid = (min(sms, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)),)
+    for name, t in (("a", a), ("b", b), ("out", out)):
+        _check_int32_offsets(name, t, cfg)
+    with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
+        _persistent_matmul_kernel[grid](
+            a,
+            b,
+            out,
+            m,
+            n,
+            k,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            NUM_SMS=sms,
+            FP32_IEEE=a.dtype == torch.float32,
+            UPCAST=INTERPRETED and a.dtype == torch.bfloat16,
+            EVEN_M=m % cfg.block_m == 0,
+            EVEN_N=n % cfg.block_n == 0,
+            EVEN_K=k % cfg.block_k == 0,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+    return out
+
+
+def cublas_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    num_sms: int | None = None,
+) -> torch.Tensor:
+    """``out = a @ b`` through ``torch.mm`` (cuBLAS on CUDA), asking cuBLAS for ``num_sms`` SMs.
+
+    With ``num_sms`` set (CUDA only), the call runs on the cuBLASLt backend with PyTorch's SM carve-out
+    set to ``sm_count - num_sms``; both are process-global and read at launch, so they are set right
+    before the call and restored (previous carve-out, previous backend) right after it, also on error.
+    Not thread-safe against other threads launching cuBLAS meanwhile.  A strided ``out`` is written in
+    place (``torch.mm``'s ``out=`` takes any strides).
+    """
+    m, n, _ = _check_operands(a, b, out)
+    if num_sms is not None and a.device.type != "cuda":
+        raise InputError("num_sms", "can only be set for CUDA tensors (cuBLAS SM carve-out)", num_sms)
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if num_sms is None:
+        return torch.mm(a, b, out=out)
+    sm_count = _resolve_num_sms(a.device, num_sms)
+    total = torch.cuda.get_device_properties(a.device).multi_processor_count
+    prev_backend = torch.backends.cuda.preferred_blas_library()
+    prev_carveout = torch._C._get_sm_carveout_experimental()
+    try:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        torch._C._set_sm_carveout_experimental(total - sm_count)
+        torch.mm(a, b, out=out)
+    finally:
+        torch._C._set_sm_carveout_experimental(prev_carveout)
+        torch.backends.cuda.preferred_blas_library(prev_backend)
+    return out
+
+
+def device_sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device; `CPU_DEFAULT_NUM_SMS` for CPU tensors (the interpreter)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return CPU_DEFAULT_NUM_SMS
+
+
+def _resolve_num_sms(device: torch.device, num_sms: int | None) -> int:
+    if num_sms is None:
+        return device_sm_count(device)
+    if not _is_int(num_sms) or num_sms < 1:
+        raise InputError("num_sms", "must be an integer >= 1 or None", num_sms)
+    if device.type == "cuda" and num_sms > device_sm_count(device):
+        raise InputError("num_sms", f"must be at most the device's {device_sm_count(device)} SMs", num_sms)
+    return int(num_sms)
+
+
+def _check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tuple[int, int, int]:
+    """Validate ``a [M, K] @ b [K, N] -> out [M, N]``; returns (M, N, K)."""
+    named = [("a", a), ("b", b)] + ([("out", out)] if out is not None else [])
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise InputError(name, "must be a torch.Tensor", type(t).__name__)
+        if t.dim() != 2:
+            raise InputError(name, "must be 2-D", tuple(t.shape))
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise InputError(name, "dtype must be bfloat16, float16 or float32", str(t.dtype))
+    if a.shape[1] != b.shape[0]:
+        raise InputError("b", f"rows must equal a's columns K={a.shape[1]}", tuple(b.shape))
+    for name, t in named[1:]:
+        if t.dtype != a.dtype:
+            raise InputError(name, f"dtype must equal a's dtype {a.dtype}", str(t.dtype))
+        if t.device != a.device:
+            raise InputError(name, f"must be on a's device {a.device}", str(t.device))
+    m, k = a.shape
+    n = b.shape[1]
+    if out is not None:
+        if tuple(out.shape) != (m, n):
+            raise InputError("out", f"shape must be (M, N) = {(m, n)}", tuple(out.shape))
+        if out.numel() > 1 and any(s == 0 and d > 1 for s, d in zip(out.stride(), out.shape, strict=True)):
+            raise InputError("out", "must not have zero strides (expanded views alias their elements)", out.stride())
+    return m, n, k
+
+
+def _check_int32_offsets(name: str, t: torch.Tensor, cfg: GemmTileConfig) -> None:
+    # Offsets of every element of a tile are computed (masked ones too), up to one block past the edge.
+    pad = max(cfg.block_m, cfg.block_n, cfg.block_k)
+    reach = sum((size + pad) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    if reach > MAX_INT32_OFFSET:
+        raise InputError(name, "element offsets must fit in int32 (view too large for this kernel)", tuple(t.shape))

@@ -1,0 +1,336 @@
+"""The persistent Triton GEMM (`overlap_runtime.gemm`) in Triton's interpreter, against float64 torch.
+
+`@triton.jit` picks the interpreter when the decorated module is imported, so TRITON_INTERPRET=1 is set
+here before `overlap_runtime.gemm` is imported; if another test module imported it earlier without the
+variable, `_load_gemm` re-imports it.  Sizes stay small: the interpreter runs every program in numpy.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+from overlap_runtime.errors import ConfigError, InputError
+
+
+def _fix_interpreter_for_numpy_2_4() -> None:
+    """Triton 3.6's interpreter calls ``int()`` on 1-element arrays for loop bounds, which numpy >= 2.4
+    rejects (triton-lang/triton#9171, fixed upstream by #9172): convert through a 0-d view instead."""
+    try:
+        int(np.zeros(1))  # type: ignore[call-overload]
+        return
+    except TypeError:
+        pass
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "numpy_2_4_fix", False):
+        return
+
+    def patched(tensor: object, scope: interpreter._LangPatchScope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
+
+    patched.numpy_2_4_fix = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+def _load_gemm() -> ModuleType:
+    _fix_interpreter_for_numpy_2_4()
+    module = importlib.import_module("overlap_runtime.gemm")
+    if not module.INTERPRETED:  # imported earlier in this process without TRITON_INTERPRET=1
+        module = importlib.reload(module)
+    assert module.INTERPRETED
+    return module
+
+
+gemm = _load_gemm()
+GemmTileConfig = gemm.GemmTileConfig
+
+ODD_SHAPES = [(67, 45, 33), (130, 257, 65), (1, 300, 17)]
+REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _operands(m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).to(dtype)
+    b = torch.randn(k, n, generator=g).to(dtype)
+    return a, b
+
+
+def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.double() @ b.double()
+
+
+@pytest.mark.parametrize("num_sms", [1, 2, 3, None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_float64_on_odd_shapes(shape: tuple[int, int, int], dtype: torch.dtype, num_sms: int | None) -> None:
+    a, b = _operands(*shape, dtype)
+    out = gemm.matmul(a, b, num_sms=num_sms)
+    assert out.shape == (shape[0], shape[1]) and out.dtype == dtype
+    assert _rel_err(out, _reference(a, b)) <= REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_strided_views_in_and_out_leave_the_rest_of_the_buffer_untouched(dtype: torch.dtype) -> None:
+    m, n, k = 67, 45, 33
+    g = torch.Generator().manual_seed(1)
+    a_t = torch.randn(k, m, generator=g).to(dtype).t()  # transposed view: strides (1, m)
+    b_rows = torch.randn(k + 9, n, generator=g).to(dtype)[4 : 4 + k]  # row slice
+    b_cols = torch.randn(k, n + 130, generator=g).to(dtype)[:, 128 : 128 + n]  # column slice
+    b_t = torch.randn(n, k, generator=g).to(dtype).t()  # transposed view
+    a_rows = torch.randn(m + 5, k, generator=g).to(dtype)[3 : 3 + m]
+    for a, b in [(a_t, b_rows), (a_rows, b_cols), (a_t, b_t)]:
+        ref = _reference(a, b)
+        buf = torch.full((m + 2, 300), float("nan"), dtype=dtype)  # poison
+        out = buf[1 : 1 + m, 128 : 128 + n]
+        result = gemm.matmul(a, b, out, num_sms=3)
+        assert result is out
+        assert _rel_err(out, ref) <= REL_TOL[dtype]
+        written = torch.zeros_like(buf, dtype=torch.bool)
+        written[1 : 1 + m, 128 : 128 + n] = True
+        assert buf[~written].isnan().all(), "matmul wrote outside out's view"
+
+        out_t = torch.full((n, m), float("nan"), dtype=dtype).t()  # column-major out
+        gemm.matmul(a, b, out_t, num_sms=2)
+        assert _rel_err(out_t, ref) <= REL_TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmTileConfig(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1, group_m=1),
+        GemmTileConfig(block_m=32, block_n=64, block_k=16, num_warps=2, num_stages=2, group_m=2),
+        GemmTileConfig(block_m=64, block_n=32, block_k=32, num_warps=4, num_stages=3, group_m=3),
+        gemm.LARGE,
+        gemm.MEDIUM,
+        gemm.SMALL,
+    ],
+    ids=lambda c: c.label(),
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_explicit_tile_configs_handle_ragged_edges(config: GemmTileConfig, dtype: torch.dtype) -> None:
+    # 130 x 257 x 65: no dimension is a multiple of any block, every edge tile is ragged.
+    a, b = _operands(130, 257, 65, dtype, seed=2)
+    out = gemm.matmul(a, b, num_sms=3, config=config)
+    assert _rel_err(out, _reference(a, b)) <= REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(64, 64, 64), (64, 48, 32), (48, 64, 32), (64, 64, 40)],
+    ids=["all-even", "n-ragged", "m-ragged", "k-ragged"],
+)
+def test_mask_free_paths_for_dims_that_are_multiples_of_the_block(m: int, n: int, k: int, dtype: torch.dtype) -> None:
+    # block 32x32x16: each case drops the masks of the dimensions that divide evenly
+    cfg = GemmTileConfig(block_m=32, block_n=32, block_k=16, num_warps=4, num_stages=2, group_m=2)
+    a, b = _operands(m, n, k, dtype, seed=6)
+    buf = torch.full((m, n + 64), float("nan"), dtype=dtype)
+    out = buf[:, 32 : 32 + n]
+    gemm.matmul(a, b, out, num_sms=3, config=cfg)
+    assert _rel_err(out, _reference(a, b)) <= REL_TOL[dtype]
+    assert buf[:, :32].isnan().all() and buf[:, 32 + n :].isnan().all()
+
+
+def test_more_sms_than_tiles_and_one_sm_for_many_tiles() -> None:
+    a, b = _operands(40, 40, 20, torch.float32, seed=3)
+    tiny = GemmTileConfig(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1, group_m=2)
+    ref = _reference(a, b)
+    for num_sms in (1, 7, 64):  # 9 tiles: 9 per program, some programs with 2, one program per tile
+        assert _rel_err(gemm.matmul(a, b, num_sms=num_sms, config=tiny), ref) <= 1e-5
+
+
+def test_fp16_matches() -> None:
+    a, b = _operands(33, 70, 40, torch.float16, seed=4)
+    assert _rel_err(gemm.matmul(a, b, num_sms=2), _reference(a, b)) <= 1e-2
+
+
+def test_empty_dims_return_without_launch_and_k0_gives_zeros() -> None:
+    assert gemm.matmul(torch.empty(0, 5), torch.empty(5, 7)).shape == (0, 7)
+    assert gemm.matmul(torch.empty(4, 5), torch.empty(5, 0)).shape == (4, 0)
+    out = torch.full((4, 7), float("nan"))
+    assert gemm.matmul(torch.empty(4, 0), torch.empty(0, 7), out) is out
+    assert (out == 0).all()
+
+
+def test_cpu_tensors_without_the_interpreter_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gemm, "INTERPRETED", False)
+    with pytest.raises(InputError, match="TRITON_INTERPRET") as err:
+        gemm.matmul(torch.ones(2, 2), torch.ones(2, 2))
+    assert err.value.field == "a"
+
+
+def _bad_calls() -> list[tuple[str, object]]:
+    f32 = torch.ones(4, 3)
+    b = torch.ones(3, 5)
+    return [
+        ("a", lambda: gemm.matmul(torch.ones(2, 4, 3), b)),
+        ("b", lambda: gemm.matmul(f32, torch.ones(3))),
+        ("a", lambda: gemm.matmul([[1.0]], b)),
+        ("a", lambda: gemm.matmul(f32.double(), b)),
+        ("a", lambda: gemm.matmul(f32.int(), b)),
+        ("b", lambda: gemm.matmul(f32, torch.ones(4, 5))),
+        ("b", lambda: gemm.matmul(f32, b.bfloat16())),
+        ("b", lambda: gemm.matmul(f32, torch.ones(3, 5, device="meta"))),
+        ("out", lambda: gemm.matmul(f32, b, torch.empty(4, 6))),
+        ("out", lambda: gemm.matmul(f32, b, torch.empty(4, 5, dtype=torch.bfloat16))),
+        ("out", lambda: gemm.matmul(f32, b, torch.empty(4, 5, device="meta"))),
+        ("out", lambda: gemm.matmul(f32, b, torch.empty(1, 5).expand(4, 5))),
+        ("num_sms", lambda: gemm.matmul(f32, b, num_sms=0)),
+        ("num_sms", lambda: gemm.matmul(f32, b, num_sms=2.0)),
+        ("num_sms", lambda: gemm.matmul(f32, b, num_sms=True)),
+        ("config", lambda: gemm.matmul(f32, b, config=(128, 256, 64))),
+        ("a", lambda: gemm.matmul(torch.empty(2**20, 2**12, device="meta"), torch.empty(2**12, 16, device="meta"))),
+        ("num_sms", lambda: gemm.cublas_matmul(f32, b, num_sms=4)),
+        ("b", lambda: gemm.cublas_matmul(f32, torch.ones(4, 5))),
+        ("out", lambda: gemm.cublas_matmul(f32, b, torch.empty(5, 4))),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_calls())))
+def test_bad_input_raises_input_error_naming_the_argument(index: int) -> None:
+    field, call = _bad_calls()[index]
+    with pytest.raises(InputError) as err:
+        call()  # type: ignore[operator]
+    assert err.value.field == field
+    assert str(err.value).startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("block_m", {"block_m": 48}),
+        ("block_n", {"block_n": 8}),
+        ("block_k", {"block_k": 0}),
+        ("block_k", {"block_k": 64.0}),
+        ("num_warps", {"num_warps": 3}),
+        ("num_stages", {"num_stages": 0}),
+        ("group_m", {"group_m": 0}),
+    ],
+)
+def test_bad_tile_config_raises_config_error_naming_the_field(field: str, kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError) as err:
+        GemmTileConfig(**kwargs)  # type: ignore[arg-type]
+    assert err.value.field == field
+    assert str(err.value).startswith(f"{field}: ")
+
+
+def test_heuristic_picks_big_tiles_for_big_problems_and_smaller_ones_to_fill_the_sms() -> None:
+    choose = gemm.choose_config
+    assert choose(8192, 8192, 8192, torch.bfloat16, 132) == gemm.LARGE
+    assert choose(4096, 6144, 4096, torch.bfloat16, 132) == gemm.LARGE
+    # 2048 x 2560: 160 tiles of 128x256 take 2 rounds on 132 SMs (the second 21% busy); 320 of 128x128 take 3.
+    assert choose(2048, 2560, 5120, torch.bfloat16, 132) == gemm.MEDIUM
+    assert choose(1, 300, 17, torch.bfloat16, 4) == gemm.SMALL
+    fp32 = choose(8192, 8192, 8192, torch.float32, 132)
+    assert (fp32.block_m, fp32.block_n, fp32.block_k, fp32.num_stages) == (128, 256, 32, 3)
+
+
+def test_cublas_matmul_on_cpu_writes_a_strided_out_in_place() -> None:
+    a, b = _operands(67, 45, 33, torch.float32, seed=5)
+    buf = torch.full((67, 300), float("nan"))
+    out = buf[:, 128:173]
+    assert gemm.cublas_matmul(a.t().contiguous().t(), b, out) is out
+    assert _rel_err(out, _reference(a, b)) <= 1e-5
+    assert buf[:, :128].isnan().all() and buf[:, 173:].isnan().all()
+    assert _rel_err(gemm.cublas_matmul(a, b), _reference(a, b)) <= 1e-5
+
+
+_CUDA_CHECKS = r"""
+import torch
+from overlap_runtime import gemm
+
+assert not gemm.INTERPRETED, "TRITON_INTERPRET leaked into the CUDA check"
+torch.manual_seed(0)
+dev = "cuda"
+
+
+def rel(out, a, b):
+    ref = a.double() @ b.double()
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def views(m, n, k, dtype):
+    a = torch.randn(m, k, device=dev).to(dtype)
+    b = torch.randn(k, n, device=dev).to(dtype)
+    yield a, b
+    yield torch.randn(k, m, device=dev).to(dtype).t(), torch.randn(n, k, device=dev).to(dtype).t()
+    # column slice with a 16-aligned row stride and a ragged width: vector loads must stop at N
+    yield a, torch.randn(k, 128 + (n + 15) // 16 * 16, device=dev).to(dtype)[:, 128 : 128 + n]
+
+
+tol = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-5}
+for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    for m, n, k in [(67, 45, 33), (130, 257, 65), (1, 100, 17), (1000, 1000, 1000), (256, 512, 128)]:
+        for i, (a, b) in enumerate(views(m, n, k, dtype)):
+            for num_sms in (3, None) if i == 0 else (None,):
+                buf = torch.full((m + 2, n + 260), float("nan"), device=dev, dtype=dtype)
+                out = buf[1 : 1 + m, 128 : 128 + n]
+                gemm.matmul(a, b, out, num_sms=num_sms)
+                torch.cuda.synchronize()
+                err = rel(out, a, b)
+                assert err <= tol[dtype], (dtype, m, n, k, a.stride(), b.stride(), num_sms, err)
+                out.fill_(float("nan"))
+                assert buf.isnan().all(), ("wrote outside out", dtype, m, n, k)
+for cfg in (gemm.LARGE, gemm.GemmTileConfig(block_m=256, block_n=128, num_warps=8), gemm.MEDIUM, gemm.SMALL, gemm.GemmTileConfig(block_m=16, block_n=32, block_k=16, num_warps=1, num_stages=2, group_m=2)):
+    for m, n, k in [(1031, 777, 517), (1024, 768, 512)]:  # ragged, then a multiple of every block
+        a, b = torch.randn(m, k, device=dev).bfloat16(), torch.randn(k, n, device=dev).bfloat16()
+        assert rel(gemm.matmul(a, b, config=cfg, num_sms=7), a, b) <= 1e-2, (cfg, m, n, k)
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+lib = torch.backends.cuda.preferred_blas_library()
+a, b = torch.randn(512, 512, device=dev).bfloat16(), torch.randn(512, 512, device=dev).bfloat16()
+assert rel(gemm.cublas_matmul(a, b, num_sms=sms - 32), a, b) <= 1e-2
+assert torch._C._get_sm_carveout_experimental() is None and torch.backends.cuda.preferred_blas_library() == lib
+print("cuda checks ok")
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_kernel_on_cuda_matches_on_odd_shapes_views_and_configs() -> None:
+    """The compiled (non-interpreted) kernel, in a fresh process without TRITON_INTERPRET."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", _CUDA_CHECKS], cwd=root, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: object) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = Path(str(tmp_path)) / "dry.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/gemm_bench.py", "--dry-run", "--out", str(out)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    dims = [(s["m"], s["n"], s["k"]) for s in data["shapes"]]
+    assert dims[0] == (8192, 8192, 8192) and len(dims) == len(set(dims))
+    assert (4096, 6144, 4096) in dims  # h4096 s4096 qkv_fprop at TP=2
