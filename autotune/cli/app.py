@@ -1,0 +1,27 @@
+"""The `autotune` console script: thin commands over library calls.
+
+Exit codes: 0 success, 1 failure, 2 usage or validation error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from autotune.cli import measure, preset
+from overlap_runtime.errors import InputError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app.command("measure")(measure.measure)
+app.add_typer(preset.app, name="preset")
+
+
+def main() -> None:
+    try:
+        app()
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

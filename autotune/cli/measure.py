@@ -1,0 +1,87 @@
+"""`autotune measure`: one config of one slot, measured on the local TP group."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from overlap_runtime.config import OverlapConfig
+from overlap_runtime.errors import InputError, TrialFailure
+from overlap_runtime.runtime import Runtime, available_gpus
+from overlap_runtime.shape import ModelShape, Slot
+
+
+def default_backend() -> str:
+    """The CUDA backend where this host has GPUs, else the CPU backend."""
+    return "cuda" if available_gpus() > 0 else "cpu"
+
+
+def measure(
+    layer: Annotated[str, typer.Option(help="Layer slot, e.g. qkv_fprop")],
+    hidden: Annotated[int, typer.Option()],
+    tp: Annotated[int, typer.Option()],
+    seq: Annotated[int, typer.Option()],
+    method: Annotated[str, typer.Option(help="none | ring_exchange | pipeline | bulk")],
+    mbs: Annotated[int, typer.Option()] = 1,
+    ffn_hidden: Annotated[int | None, typer.Option()] = None,
+    num_heads: Annotated[int | None, typer.Option()] = None,
+    num_query_groups: Annotated[int | None, typer.Option()] = None,
+    dtype: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
+    num_sm: Annotated[int | None, typer.Option()] = None,
+    num_splits: Annotated[int | None, typer.Option()] = None,
+    num_max_streams: Annotated[int | None, typer.Option()] = None,
+    cga_size: Annotated[int | None, typer.Option()] = None,
+    gemm: Annotated[str | None, typer.Option(help="triton | cublas")] = None,
+    aggregate: Annotated[bool, typer.Option("--aggregate")] = False,
+    no_ce: Annotated[bool, typer.Option("--no-ce", help="SM-driven (NCCL) copies instead of the copy engine")] = False,
+    no_sm_margin: Annotated[bool, typer.Option("--no-sm-margin", help="Let the GEMM use every SM")] = False,
+    atomic_gemm: Annotated[bool, typer.Option("--atomic-gemm")] = False,
+    backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
+    repeats: Annotated[int, typer.Option(min=3)] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Measure one overlap config: gemm, comm, serial and overlapped time, hidden share, numerical error."""
+    try:
+        slot = Slot(layer)
+    except ValueError:
+        raise InputError("layer", f"must be one of {', '.join(s.value for s in Slot)}", layer) from None
+    shape = ModelShape(
+        hidden=hidden,
+        tp=tp,
+        mbs=mbs,
+        seq=seq,
+        ffn_hidden=ffn_hidden,
+        num_heads=num_heads,
+        num_query_groups=num_query_groups,
+        dtype=dtype,
+    )
+    backend = backend or default_backend()
+    # TE's margin default: on for SM-driven comm with num_sm given, which --no-sm-margin turns off.
+    config = OverlapConfig(
+        method=method,
+        num_sm=num_sm,
+        num_splits=num_splits,
+        num_max_streams=num_max_streams,
+        cga_size=cga_size,
+        gemm=gemm,
+        aggregate=aggregate,
+        use_ce=False if no_ce else None,
+        set_sm_margin=num_sm is not None and not no_sm_margin,
+        atomic_gemm=atomic_gemm,
+    )
+    with Runtime(tp=tp, backend=backend) as runtime:
+        try:
+            result = runtime.measure(shape, slot, config, repeats=repeats)
+            record = {"valid": result.valid, **result.to_dict()}
+        except TrialFailure as e:
+            record = {"valid": False, "error": e.reason}
+    record = {"layer": slot.value, "shape": shape.to_dict(), "config": config.to_dict(), **record}
+    if as_json:
+        typer.echo(json.dumps(record))
+    else:
+        for key, value in record.items():
+            typer.echo(f"{key:>12}: {value}")
+    if "error" in record:
+        raise typer.Exit(1)

@@ -1,0 +1,69 @@
+"""`autotune preset`: check and convert TE userbuffers presets (NeMo/Megatron YAML, TE ub_cfgs dict)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from search_spaces import Preset, PresetWarning, preset_file_name, preset_json, read_nemo, to_te_dict, write_nemo
+
+app = typer.Typer(no_args_is_help=True, help="Check and convert TE userbuffers presets.")
+
+PresetFile = Annotated[
+    Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="NeMo/Megatron ub_cfg YAML")
+]
+
+
+class Format(enum.StrEnum):
+    NEMO = "nemo"
+    TE = "te"
+
+
+@app.command()
+def validate(file: PresetFile) -> None:
+    """Print the preset's normalized configs (TE's effective ub_cfgs) as JSON; exit 2 on a bad file."""
+    preset, caught = _read(file)
+    print(json.dumps(preset_json(preset) | {"warnings": caught}, indent=2))
+
+
+@app.command()
+def convert(
+    file: PresetFile,
+    to: Annotated[
+        Format, typer.Option("--to", help="nemo: NeMo/Megatron YAML; te: initialize_ub(ub_cfgs=...) as JSON")
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="File to write, or a folder for NVIDIA's file name (default: stdout)")
+    ] = None,
+) -> None:
+    """Convert a preset to NeMo YAML or to TE's ub_cfgs dict."""
+    preset, _ = _read(file)
+    text = write_nemo(preset) if to == Format.NEMO else json.dumps(to_te_dict(preset), indent=2) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+        return
+    target = out / _file_name(preset, to, file) if out.is_dir() else out
+    target.write_text(text, encoding="utf-8")
+    print(target)
+
+
+def _read(file: Path) -> tuple[Preset, list[str]]:
+    """The preset and its warnings, the warnings also on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PresetWarning)
+        preset = read_nemo(file)
+    messages = [str(w.message) for w in caught if issubclass(w.category, PresetWarning)]
+    for message in messages:
+        print(f"warning: {message}", file=sys.stderr)
+    return preset, messages
+
+
+def _file_name(preset: Preset, to: Format, source: Path) -> str:
+    name = preset_file_name(preset) if preset.shape is not None else source.name
+    return name if to == Format.NEMO else Path(name).with_suffix(".json").name

@@ -1,0 +1,207 @@
+"""A tensor-parallel group of worker processes, started by us, reused across many configs.
+
+One process per rank (NCCL on CUDA, gloo on CPU), spawned once; the parent sends each rank the same
+task (a picklable module-level function and its arguments) over a pipe and collects one result per rank.
+A watchdog bounds every task: if any rank hangs past the timeout, dies, or raises, the whole group is
+killed and `TrialFailure` carries the reason; the next task starts a fresh group, so a bad config costs
+one start-up and never the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from overlap_runtime.errors import TrialFailure
+
+_SAFE_ENV = {
+    # Never NVLink multicast on the lent machines (and NVLS gains nothing at TP=2).
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+@dataclass(kw_only=True)
+class RankContext:
+    """What a task sees inside one rank process."""
+
+    rank: int
+    tp: int
+    backend: str
+    device: Any
+    """torch.device of this rank."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """Per-process cache that outlives tasks (measured baselines, communicators, compiled kernels)."""
+
+
+Task = Callable[..., Any]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, tp: int, backend: str, port: int, conn: Connection) -> None:
+    os.environ.update(_SAFE_ENV)
+    import torch
+    import torch.distributed as dist
+
+    if backend == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+        pg_backend = "nccl"
+    else:
+        # One intra-op thread per rank: ranks share the host's cores, and gloo needs its own threads.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
+        device = torch.device("cpu")
+        pg_backend = "gloo"
+    try:
+        dist.init_process_group(
+            pg_backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=tp,
+            timeout=datetime.timedelta(seconds=600),
+            device_id=device if backend == "cuda" else None,
+        )
+        conn.send(("ready", None))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        return
+    ctx = RankContext(rank=rank, tp=tp, backend=backend, device=device)
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            break
+        if message is None:
+            break
+        fn, args, kwargs = message
+        try:
+            conn.send(("ok", fn(ctx, *args, **kwargs)))
+        except Exception as e:
+            conn.send(("raised", e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}")))
+    dist.destroy_process_group()
+
+
+def _picklable(e: BaseException) -> bool:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(e))
+    except Exception:
+        return False
+    return True
+
+
+class TPGroup:
+    """``tp`` rank processes on ``backend`` ("cuda": one GPU each; "cpu": gloo), restarted after a failure."""
+
+    def __init__(self, *, tp: int, backend: str, start_timeout_s: float = 120.0) -> None:
+        self.tp = tp
+        self.backend = backend
+        self.start_timeout_s = start_timeout_s
+        self._procs: list[mp.process.BaseProcess] = []
+        self._conns: list[Connection] = []
+        self.starts = 0
+
+    def __enter__(self) -> TPGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def run(self, fn: Task, *args: Any, timeout_s: float = 300.0, **kwargs: Any) -> list[Any]:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the per-rank results in rank order.
+
+        Raises `TrialFailure` (and leaves the group to be restarted) when a rank hangs past ``timeout_s``,
+        dies, or raises anything but an `InputError`, which is re-raised as is: bad input is not a failure
+        of the group.
+        """
+        if not self.alive:
+            self._start()
+        for conn in self._conns:
+            conn.send((fn, args, kwargs))
+        replies = self._collect(timeout_s, what=getattr(fn, "__name__", "task"))
+        raised = [r for kind, r in replies if kind == "raised"]
+        if raised:
+            from overlap_runtime.errors import InputError
+
+            if isinstance(raised[0], InputError):
+                raise raised[0]
+            self.close()
+            raise TrialFailure(f"crashed: {type(raised[0]).__name__}: {raised[0]}")
+        return [r for _, r in replies]
+
+    def _collect(self, timeout_s: float, *, what: str) -> list[tuple[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        replies: dict[int, tuple[str, Any]] = {}
+        pending = dict(enumerate(self._conns))
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise TrialFailure(f"hung: {what} did not finish within {timeout_s:g} s on ranks {sorted(pending)}")
+            for conn in wait(list(pending.values()), timeout=min(left, 1.0)):
+                rank = next(r for r, c in pending.items() if c is conn)
+                try:
+                    replies[rank] = conn.recv()
+                except (EOFError, OSError):
+                    code = self._procs[rank].exitcode
+                    self.close()
+                    raise TrialFailure(f"crashed: rank {rank} died (exit code {code}) during {what}") from None
+                del pending[rank]
+            dead = [r for r in pending if not self._procs[r].is_alive()]
+            if dead:
+                code = self._procs[dead[0]].exitcode
+                self.close()
+                raise TrialFailure(f"crashed: rank {dead[0]} died (exit code {code}) during {what}")
+        return [replies[r] for r in range(self.tp)]
+
+    def _start(self) -> None:
+        self.close()
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        for rank in range(self.tp):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, args=(rank, self.tp, self.backend, port, child), daemon=True)
+            proc.start()
+            child.close()
+            self._procs.append(proc)
+            self._conns.append(parent)
+        self.starts += 1
+        replies = self._collect(self.start_timeout_s, what="process group start-up")
+        errors = [r for kind, r in replies if kind == "error"]
+        if errors:
+            self.close()
+            raise TrialFailure(f"process group failed to start: {errors[0].strip().splitlines()[-1]}")
+
+    def close(self) -> None:
+        """Stop every rank: politely if it is idle, by SIGKILL if it hangs."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                conn.send(None)
+        for proc in self._procs:
+            proc.join(timeout=2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5.0)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []

@@ -1,0 +1,231 @@
+"""Timing and numerical checks inside each rank (the measurement contract of DESIGN.md).
+
+Every timed region starts with the ranks aligned (`Device.align`), is timed with CUDA events (CPU:
+perf_counter) after warm-up, and is repeated; the slowest rank's time of each repeat counts and the
+median of those is reported, with the spread as ``cv``.  Inputs are random (never zeros), different on
+every rank, and rotate over enough sets to exceed the L2 cache.  Every config's output is compared with
+the serial reference computed from the same inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
+from overlap_runtime.device import Device, Timer
+from overlap_runtime.group import RankContext
+from overlap_runtime.measurement import REL_ERR_LIMIT, Measurement
+from overlap_runtime.methods import Operands, Plan, comm_only, gemm_only, run, serial
+from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
+
+ROTATE_BYTES = 128 << 20
+"""Inputs rotate over enough sets to cover this many bytes: over twice an H200's 50 MB L2."""
+MAX_SETS = 8
+OPERAND_CACHE = 2
+
+
+def device_of(ctx: RankContext) -> Device:
+    if "device" not in ctx.state:
+        if ctx.backend == "cuda":
+            # Work on our own stream, never the legacy default stream, whose implicit synchronization with
+            # other streams would serialize the overlap (and can deadlock with stream-ordered flag waits).
+            torch.cuda.set_stream(torch.cuda.Stream(device=ctx.device))
+        ctx.state["device"] = Device(rank=ctx.rank, tp=ctx.tp, device=ctx.device)
+    return ctx.state["device"]
+
+
+def limits_task(ctx: RankContext) -> DeviceLimits | None:
+    """The GPU's limits that configs are validated against (None on CPU)."""
+    if ctx.backend != "cuda":
+        return None
+    return DeviceLimits(
+        sm_count=torch.cuda.get_device_properties(ctx.device).multi_processor_count,
+        priority_range=tuple(reversed(torch.cuda.Stream.priority_range())),
+    )
+
+
+def make_operands(dev: Device, gemm: SlotGemm, seed: int) -> tuple[Operands, list[tuple[torch.Tensor, ...]]]:
+    """Output buffers and a list of rotating random input sets (a, b[, x])."""
+    rows = gemm.tokens // gemm.tp
+    gen = torch.Generator(device=dev.device).manual_seed(seed * 1000 + dev.rank)
+    dtype = torch.bfloat16 if dev.is_cuda else torch.float32
+
+    def rand(*shape: int) -> torch.Tensor:
+        # Scaled so the products stay O(1) whatever K is.
+        return torch.randn(shape, generator=gen, device=dev.device, dtype=dtype) / math.sqrt(shape[-1])
+
+    if gemm.coupled and gemm.collective == Collective.ALL_GATHER:
+        a_shape, out_shape = (rows, gemm.k), (gemm.tokens, gemm.n)
+    elif gemm.coupled:
+        a_shape, out_shape = (gemm.tokens, gemm.k), (rows, gemm.n)
+    else:
+        a_shape, out_shape = (gemm.m, gemm.k), (gemm.m, gemm.n)
+    x_shape = y_shape = None
+    if not gemm.coupled:
+        full, shard = (gemm.tokens, gemm.hidden), (rows, gemm.hidden)
+        x_shape, y_shape = (shard, full) if gemm.collective == Collective.ALL_GATHER else (full, shard)
+    set_bytes = (math.prod(a_shape) + gemm.k * gemm.n + (math.prod(x_shape) if x_shape else 0)) * 2
+    n_sets = 1 if not dev.is_cuda else max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / set_bytes)))
+    sets = [(rand(*a_shape), rand(gemm.k, gemm.n), *([rand(*x_shape)] if x_shape else [])) for _ in range(n_sets)]
+    out = torch.empty(out_shape, device=dev.device, dtype=dtype)
+    y = torch.empty(y_shape, device=dev.device, dtype=dtype) if y_shape else None
+    ops = Operands(gemm=gemm, a=sets[0][0], b=sets[0][1], out=out, x=sets[0][2] if x_shape else None, y=y)
+    return ops, sets
+
+
+def cached_operands(
+    ctx: RankContext, dev: Device, gemm: SlotGemm, seed: int
+) -> tuple[Operands, list[tuple[torch.Tensor, ...]]]:
+    """Operands reused by every config of one problem: inputs are generated once and the peer buffers
+    (symmetric memory, rendezvous is collective and slow) are mapped once.  The latest two problems are kept (a dgrad slot has two: bulk and RS-dgrad)."""
+    key = (gemm, seed)
+    cache = ctx.state.setdefault("operands", {})
+    if key not in cache:
+        if len(cache) >= OPERAND_CACHE:
+            del cache[next(iter(cache))]
+        cache[key] = make_operands(dev, gemm, seed)
+    return cache[key]
+
+
+def _use(ops: Operands, inputs: tuple[torch.Tensor, ...]) -> None:
+    ops.a, ops.b = inputs[0], inputs[1]
+    if len(inputs) > 2:
+        ops.x = inputs[2]
+
+
+def time_region(
+    dev: Device, ops: Operands, sets: list, fn: Callable[[], None], *, repeats: int, warmup: int
+) -> list[float]:
+    """Per-repeat times of ``fn`` in ms, each the slowest rank's, ranks aligned before every repeat."""
+    for i in range(warmup):
+        _use(ops, sets[i % len(sets)])
+        fn()
+    timers = [Timer(dev) for _ in range(repeats)]
+    for i, timer in enumerate(timers):
+        _use(ops, sets[i % len(sets)])
+        dev.align()
+        timer.start()
+        fn()
+        timer.stop()
+    dev.synchronize()
+    mine = torch.tensor([t.ms() for t in timers], dtype=torch.float64, device=dev.device)
+    every = [torch.empty_like(mine) for _ in range(dev.tp)]
+    dist.all_gather(every, mine)
+    return torch.stack(every).max(dim=0).values.tolist()
+
+
+def spread(samples: list[float]) -> float:
+    """Coefficient of variation: std / mean."""
+    mean = statistics.fmean(samples)
+    return statistics.pstdev(samples) / mean if mean > 0 else 0.0
+
+
+def _rel_err(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    num = sum(float((g.double() - w.double()).norm() ** 2) for g, w in zip(got, want, strict=True))
+    den = sum(float(w.double().norm() ** 2) for w in want)
+    err = math.sqrt(num / den) if den > 0 else math.sqrt(num)
+    worst = torch.tensor([err if math.isfinite(err) else math.inf], dtype=torch.float64, device=dev.device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst.item())
+
+
+@dataclass(kw_only=True)
+class _Candidate:
+    """One config being measured: its operands, plan, numerical error and timing samples."""
+
+    config: OverlapConfig
+    ops: Operands
+    sets: list
+    plan: Plan
+    rel_err: float = math.nan
+    samples: list[float] = field(default_factory=list)
+
+    def call(self, dev: Device) -> None:
+        if self.config.method == Method.NONE:
+            serial(dev, self.ops)
+        else:
+            run(dev, self.ops, self.plan)
+
+
+def measure_task(
+    ctx: RankContext,
+    shape: ModelShape,
+    slot: Slot,
+    configs: list[OverlapConfig],
+    *,
+    repeats: int = 20,
+    warmup: int = 5,
+    rounds: int = 1,
+    seed: int = 0,
+) -> list[Measurement]:
+    """Measure ``configs`` for ``slot`` of ``shape`` on this TP group; every rank returns the same list.
+
+    With ``rounds`` > 1 the configs are timed interleaved (A B C A B C ...), ``repeats`` per round, so slow
+    drift of the machine (clocks, neighbours) hits every config alike.
+    """
+    dev = device_of(ctx)
+    limits = limits_task(ctx)
+    candidates = []
+    for config in configs:
+        gemm = problem(shape, slot, config.method)
+        check_config(config, gemm, backend=ctx.backend, limits=limits)
+        ops, sets = cached_operands(ctx, dev, gemm, seed)
+        candidates.append(_Candidate(config=config, ops=ops, sets=sets, plan=Plan.resolve(config, dev)))
+    for c in candidates:
+        c.rel_err = _check_numerics(dev, c)
+    for _ in range(rounds):
+        for c in candidates:
+            c.samples += time_region(dev, c.ops, c.sets, lambda c=c: c.call(dev), repeats=repeats, warmup=warmup)
+    limit = REL_ERR_LIMIT["bf16"]
+    results = []
+    for c in candidates:
+        gemm_ms, comm_ms, serial_ms = _baselines(ctx, dev, c, seed=seed, repeats=repeats, warmup=warmup)
+        results.append(
+            Measurement(
+                gemm_ms=gemm_ms,
+                comm_ms=comm_ms,
+                serial_ms=serial_ms,
+                overlap_ms=statistics.median(c.samples),
+                rel_err=c.rel_err,
+                cv=spread(c.samples),
+                repeats=len(c.samples),
+                valid=math.isfinite(c.rel_err) and c.rel_err <= limit,
+            )
+        )
+    return results
+
+
+def _check_numerics(dev: Device, c: _Candidate) -> float:
+    """Worst-rank relative error of one call against the serial reference on the same inputs; the outputs
+    are poisoned first so that anything left unwritten shows up as NaN."""
+    _use(c.ops, c.sets[0])
+    outputs = [t for t in (c.ops.out, c.ops.y) if t is not None]
+    serial(dev, c.ops)
+    reference = [t.clone() for t in outputs]
+    for t in outputs:
+        t.fill_(math.nan)
+    c.call(dev)
+    dev.synchronize()
+    return _rel_err(dev, outputs, reference)
+
+
+def _baselines(
+    ctx: RankContext, dev: Device, c: _Candidate, *, seed: int, repeats: int, warmup: int
+) -> tuple[float, float, float]:
+    """gemm_ms, comm_ms, serial_ms of the candidate's problem, measured once per process and problem."""
+    cache = ctx.state.setdefault("baselines", {})
+    key = (c.ops.gemm, seed)
+    if key not in cache:
+        cache[key] = tuple(
+            statistics.median(
+                time_region(dev, c.ops, c.sets, lambda fn=fn: fn(dev, c.ops), repeats=repeats, warmup=warmup)
+            )
+            for fn in (gemm_only, comm_only, serial)
+        )
+    return cache[key]

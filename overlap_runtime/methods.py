@@ -1,0 +1,380 @@
+"""The overlap methods, as TE defines them (te_nemo.md §1.6), written once for both backends.
+
+Shapes per rank (T tokens, P = tp, r = this rank, rows = T/P, chunk c = rows [c*rows, (c+1)*rows)):
+
+- coupled all-gather (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad):
+  ``a`` = local shard [rows, K], ``b`` [K, n], ``out`` [T, n] = all_gather(a) @ b
+- coupled reduce-scatter (proj_fprop, fc2_fprop, RS-dgrad):
+  ``a`` [T, k], ``b`` [k, N], ``out`` [rows, N] = reduce_scatter(a @ b)[chunk r]
+- bulk (qkv/fc1 dgrad and wgrad): ``out`` = a @ b beside an independent collective ``x`` -> ``y``
+  (all-gather [rows, H] -> [T, H] or reduce-scatter [T, H] -> [rows, H]).
+
+Every method leaves ``out`` (and ``y``) equal to the serial reference; `harness` checks it on every config.
+Streams: see `device`.  GEMM chunks go to `Lanes`; the main stream orders transfers and joins the lanes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.device import CommOptions, Device
+from overlap_runtime.shape import Collective, SlotGemm
+from overlap_runtime.symmetric import ACK, READY, PeerBuffer
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """A config resolved against this device: the knobs the methods read, defaults filled in."""
+
+    method: Method
+    gemm_kind: str
+    gemm_sms: int | None
+    """SMs the overlapped GEMMs may use; None = all."""
+    streams: int
+    comm: CommOptions
+    use_ce: bool
+    aggregate: bool
+    num_splits: int
+    first_gemm: bool
+    comm_priority: int
+    gemm_priority: int
+
+    @classmethod
+    def resolve(cls, config: OverlapConfig, dev: Device) -> Plan:
+        margin = config.num_sm if config.set_sm_margin else None
+        sm_driven = config.method != Method.RING_EXCHANGE or config.use_ce is False
+        return cls(
+            method=config.method,
+            gemm_kind=config.gemm or "cublas",
+            gemm_sms=dev.sm_count - margin if margin else None,
+            streams=config.num_max_streams or (1 if not dev.is_cuda else 2),
+            comm=CommOptions(
+                num_sm=config.num_sm if sm_driven else None,
+                cga_size=config.cga_size,
+                high_priority=config.comm_priority is not None and config.comm_priority < 0,
+            ),
+            use_ce=dev.is_cuda and config.method == Method.RING_EXCHANGE and config.use_ce is not False,
+            aggregate=config.aggregate,
+            num_splits=config.num_splits or 4,
+            first_gemm=config.pipeline_rs_overlap_first_gemm,
+            comm_priority=config.comm_priority or 0,
+            gemm_priority=config.gemm_priority or 0,
+        )
+
+
+@dataclass(kw_only=True)
+class Operands:
+    """Inputs, outputs and scratch of one slot on one rank (see the module legend)."""
+
+    gemm: SlotGemm
+    a: torch.Tensor
+    b: torch.Tensor
+    out: torch.Tensor
+    x: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+    scratch: dict[tuple[str, tuple[int, ...]], Any] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return self.gemm.tokens // self.gemm.tp
+
+    def chunk(self, c: int, size: int = 1) -> slice:
+        return slice(c * self.rows, (c + size) * self.rows)
+
+    def buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Scratch kept across calls; methods that share a name with another shape get their own."""
+        key = (name, shape)
+        if key not in self.scratch:
+            self.scratch[key] = torch.empty(shape, dtype=self.a.dtype, device=self.a.device)
+        return self.scratch[key]
+
+    def peer_buffer(self, name: str, shape: tuple[int, ...]) -> PeerBuffer:
+        key = (name, shape)
+        if key not in self.scratch:
+            self.scratch[key] = PeerBuffer(shape, self.a.dtype, self.a.device)
+        return self.scratch[key]
+
+
+class Lanes:
+    """Rotates chunk GEMMs over ``n`` compute streams so one chunk's tail wave overlaps the next chunk.
+
+    A lane starts after everything already queued on the main stream; `join` orders main after all lanes.
+    """
+
+    def __init__(self, dev: Device, n: int, priority: int) -> None:
+        self.dev = dev
+        self.streams = [dev.stream("gemm", i, priority) for i in range(n)] if dev.is_cuda and n > 1 else []
+        self.used: set[int] = set()
+
+    @contextlib.contextmanager
+    def lane(self, i: int) -> Iterator[None]:
+        if not self.streams:
+            yield
+            return
+        k = i % len(self.streams)
+        start = self.dev.mark()
+        with self.dev.on(self.streams[k]):
+            self.dev.wait(start)
+            yield
+        self.used.add(k)
+
+    def join(self) -> None:
+        for k in sorted(self.used):
+            with self.dev.on(self.streams[k]):
+                mark = self.dev.mark()
+            self.dev.wait(mark)
+        self.used.clear()
+
+
+def run(dev: Device, ops: Operands, plan: Plan) -> None:
+    """Run ``plan.method`` once: ``ops.out`` (and ``ops.y``) hold the result on the current stream's timeline."""
+    g = ops.gemm
+    if plan.method == Method.NONE:
+        serial(dev, ops)
+    elif plan.method == Method.BULK:
+        _bulk(dev, ops, plan)
+    elif plan.method == Method.PIPELINE:
+        _pipeline_rs(dev, ops, plan)
+    elif g.collective == Collective.ALL_GATHER:
+        (_ring_ag_ce if plan.use_ce else _ring_ag)(dev, ops, plan)
+    else:
+        (_ring_rs_ce if plan.use_ce else _ring_rs)(dev, ops, plan)
+
+
+def serial(dev: Device, ops: Operands) -> None:
+    """No overlap: the collective and the library GEMM back to back (the reference and the `none` method)."""
+    g = ops.gemm
+    if not g.coupled:
+        _independent_collective(dev, ops, CommOptions()).wait()
+        dev.library_gemm(ops.a, ops.b, ops.out)
+    elif g.collective == Collective.ALL_GATHER:
+        gathered = ops.buffer("gathered", (g.tokens, g.k))
+        dev.all_gather(gathered, ops.a).wait()
+        dev.library_gemm(gathered, ops.b, ops.out)
+    else:
+        partial = ops.buffer("partial", (g.tokens, g.n))
+        dev.library_gemm(ops.a, ops.b, partial)
+        dev.reduce_scatter(ops.out, partial).wait()
+
+
+def gemm_only(dev: Device, ops: Operands) -> None:
+    """The full GEMM alone, all SMs, library GEMM: what `gemm_ms` times."""
+    g = ops.gemm
+    if g.coupled and g.collective == Collective.ALL_GATHER:
+        dev.library_gemm(ops.buffer("gathered", (g.tokens, g.k)), ops.b, ops.out)
+    elif g.coupled:
+        dev.library_gemm(ops.a, ops.b, ops.buffer("partial", (g.tokens, g.n)))
+    else:
+        dev.library_gemm(ops.a, ops.b, ops.out)
+
+
+def comm_only(dev: Device, ops: Operands) -> None:
+    """The collective alone (NCCL / gloo): what `comm_ms` times."""
+    g = ops.gemm
+    if not g.coupled:
+        _independent_collective(dev, ops, CommOptions()).wait()
+    elif g.collective == Collective.ALL_GATHER:
+        dev.all_gather(ops.buffer("gathered", (g.tokens, g.k)), ops.a).wait()
+    else:
+        dev.reduce_scatter(ops.out, ops.buffer("partial", (g.tokens, g.n))).wait()
+
+
+def _independent_collective(dev: Device, ops: Operands, options: CommOptions) -> Any:
+    assert ops.x is not None and ops.y is not None
+    if ops.gemm.collective == Collective.ALL_GATHER:
+        return dev.all_gather(ops.y, ops.x, options)
+    return dev.reduce_scatter(ops.y, ops.x, options)
+
+
+def _gemm(dev: Device, plan: Plan) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
+    return lambda a, b, out: dev.gemm(a, b, out, num_sms=plan.gemm_sms, kind=plan.gemm_kind)
+
+
+def _bulk(dev: Device, ops: Operands, plan: Plan) -> None:
+    """TE bulk: the independent collective on NCCL's stream beside one full (SM-limited) GEMM."""
+    work = _independent_collective(dev, ops, plan.comm)
+    _gemm(dev, plan)(ops.a, ops.b, ops.out)
+    work.wait()
+
+
+def _ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
+    """Ring all-gather with send/recv: GEMM the chunk in hand while the next one arrives from the left.
+
+    Transfers are issued from the comm stream, so forwarding a chunk waits for its arrival, never for a GEMM.
+    With ``aggregate`` the partner ranks (r, r^1) first swap chunks, then pairs travel two ranks per step.
+    """
+    g, p, r = ops.gemm, dev.tp, dev.rank
+    gemm = _gemm(dev, plan)
+    gathered = ops.buffer("gathered", (g.tokens, g.k))
+    gathered[ops.chunk(r)].copy_(ops.a)
+    comm = dev.stream("comm", 0, plan.comm_priority)
+    lanes = Lanes(dev, plan.streams, plan.gemm_priority)
+    start = dev.mark()
+    with dev.on(comm):
+        dev.wait(start)
+        if plan.aggregate:
+            partner = r ^ 1
+            dev.exchange(
+                [(gathered[ops.chunk(r)], partner)], [(gathered[ops.chunk(partner)], partner)], plan.comm
+            ).wait()
+    size = hop = 2 if plan.aggregate else 1
+    steps = p // size
+
+    def held(s: int) -> int:
+        """First chunk in hand at step s (a pair of chunks when aggregating)."""
+        return (r // size * size - size * s) % p
+
+    for s in range(steps):
+        with dev.on(comm):
+            have = dev.mark()
+            work = None
+            if s + 1 < steps:
+                work = dev.exchange(
+                    [(gathered[ops.chunk(held(s), size)], (r + hop) % p)],
+                    [(gathered[ops.chunk(held(s + 1), size)], (r - hop) % p)],
+                    plan.comm,
+                )
+        with lanes.lane(s):
+            dev.wait(have)
+            rows = ops.chunk(held(s), size)
+            gemm(gathered[rows], ops.b, ops.out[rows])
+        if work is not None:
+            with dev.on(comm):
+                work.wait()
+    lanes.join()
+    _join_stream(dev, comm)
+
+
+def _ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
+    """Ring reduce-scatter with send/recv: GEMM each owner's chunk (others first, own last), send the partial
+    to its owner as soon as it is done, and reduce what arrived at the end."""
+    g, p, r = ops.gemm, dev.tp, dev.rank
+    gemm = _gemm(dev, plan)
+    parts = ops.buffer("parts", (p, ops.rows, g.n))
+    received = ops.buffer("received", (max(p - 1, 1), ops.rows, g.n))
+    lanes = Lanes(dev, plan.streams, plan.gemm_priority)
+    works = []
+    for s in range(p):
+        owner = (r + s + 1) % p
+        with lanes.lane(s):
+            gemm(ops.a[ops.chunk(owner)], ops.b, parts[s])
+            if owner != r:  # issued from the lane, so the send waits for this chunk's GEMM only
+                works.append(dev.exchange([(parts[s], owner)], [(received[s], (r - s - 1) % p)], plan.comm))
+    lanes.join()
+    for work in works:
+        work.wait()
+    _reduce(ops.out, parts[p - 1], list(received[: p - 1]))
+
+
+def _reduce(out: torch.Tensor, own: torch.Tensor, received: list[torch.Tensor]) -> None:
+    """out = own + every partial received for our chunk."""
+    if len(received) == 1:
+        torch.add(own, received[0], out=out)
+    else:
+        torch.sum(torch.stack([own, *received]), dim=0, out=out)
+
+
+def _pipeline_rs(dev: Device, ops: Operands, plan: Plan) -> None:
+    """TE pipeline: ``num_splits`` chunks along the output features; the RS of chunk j runs (NCCL, num_sm
+    CTAs) while chunk j+1 computes.  With ``first_gemm`` the GEMM of chunk j+1 is issued before RS j.
+    Each RS is issued from its chunk's lane, so it waits for that chunk's GEMM and nothing else."""
+    g, k = ops.gemm, plan.num_splits
+    width = g.n // k
+    gemm = _gemm(dev, plan)
+    parts = ops.buffer("parts", (k, g.tokens, width))
+    scattered = ops.buffer("scattered", (k, ops.rows, width)) if k > 1 else ops.out.unsqueeze(0)
+    lanes = Lanes(dev, plan.streams, plan.gemm_priority)
+    works: list[Any] = []
+
+    def scatter(j: int) -> None:
+        with lanes.lane(j):
+            works.append(dev.reduce_scatter(scattered[j], parts[j], plan.comm))
+
+    for j in range(k):
+        with lanes.lane(j):
+            gemm(ops.a, ops.b[:, j * width : (j + 1) * width], parts[j])
+        if not plan.first_gemm:
+            scatter(j)
+        elif j > 0:
+            scatter(j - 1)
+    if plan.first_gemm:
+        scatter(k - 1)
+    lanes.join()
+    for j, work in enumerate(works):
+        work.wait()
+        if k > 1:
+            ops.out[:, j * width : (j + 1) * width].copy_(scattered[j])
+
+
+def _ring_ag_ce(dev: Device, ops: Operands, plan: Plan) -> None:
+    """Copy-engine all-gather: push the local shard straight into every peer's buffer (nearest consumer
+    first), GEMM the local chunk meanwhile, then each peer's chunk as its ready flag arrives."""
+    g, p, r = ops.gemm, dev.tp, dev.rank
+    gemm = _gemm(dev, plan)
+    buf = ops.peer_buffer("gathered_peer", (g.tokens, g.k))
+    e = buf.next_epoch()
+    comm = dev.stream("comm", 0, plan.comm_priority)
+    ready = dev.mark()
+    with dev.on(comm):
+        dev.wait(ready)
+        for d in range(1, p):
+            peer = (r + d) % p
+            buf.wait(peer, ACK, e - 1)  # the peer finished reading what we pushed last call
+            buf.peers[peer][ops.chunk(r)].copy_(ops.a, non_blocking=True)
+            buf.signal(peer, READY, e)
+    lanes = Lanes(dev, plan.streams, plan.gemm_priority)
+    with lanes.lane(0):
+        gemm(ops.a, ops.b, ops.out[ops.chunk(r)])
+    for s in range(1, p):
+        src = (r - s) % p
+        with lanes.lane(s):
+            buf.wait(src, READY, e)
+            gemm(buf.local[ops.chunk(src)], ops.b, ops.out[ops.chunk(src)])
+    lanes.join()
+    for s in range(1, p):
+        buf.signal((r - s) % p, ACK, e)
+    _join_stream(dev, comm)
+
+
+def _ring_rs_ce(dev: Device, ops: Operands, plan: Plan) -> None:
+    """Copy-engine reduce-scatter: GEMM each owner's chunk (others first), push the partial into the owner's
+    receive slot as soon as it is done, GEMM our own chunk meanwhile, then add what arrived."""
+    g, p, r = ops.gemm, dev.tp, dev.rank
+    gemm = _gemm(dev, plan)
+    parts = ops.buffer("parts", (p, ops.rows, g.n))
+    box = ops.peer_buffer("received_peer", (p, ops.rows, g.n))
+    e = box.next_epoch()
+    comm = dev.stream("comm", 0, plan.comm_priority)
+    lanes = Lanes(dev, plan.streams, plan.gemm_priority)
+    for s in range(p):
+        owner = (r + s + 1) % p
+        with lanes.lane(s):
+            gemm(ops.a[ops.chunk(owner)], ops.b, parts[s])
+            done = dev.mark()
+        if owner != r:
+            with dev.on(comm):
+                dev.wait(done)
+                box.wait(owner, ACK, e - 1)
+                box.peers[owner][r].copy_(parts[s], non_blocking=True)
+                box.signal(owner, READY, e)
+    lanes.join()
+    senders = [(r - s - 1) % p for s in range(p - 1)]
+    for src in senders:
+        box.wait(src, READY, e)
+    _reduce(ops.out, parts[p - 1], [box.local[src] for src in senders])
+    for src in senders:
+        box.signal(src, ACK, e)
+    _join_stream(dev, comm)
+
+
+def _join_stream(dev: Device, stream: Any) -> None:
+    """Order the main stream after ``stream``: the op ends when its own pushes have landed too."""
+    with dev.on(stream):
+        done = dev.mark()
+    dev.wait(done)

@@ -1,0 +1,84 @@
+"""The runtime's front door: measure configs on a TP group that lives across many calls."""
+
+from __future__ import annotations
+
+from overlap_runtime.config import BACKENDS, DeviceLimits, OverlapConfig, check_config, problem
+from overlap_runtime.errors import ConfigError, ShapeError
+from overlap_runtime.group import TPGroup
+from overlap_runtime.harness import limits_task, measure_task
+from overlap_runtime.measurement import Measurement
+from overlap_runtime.shape import ModelShape, Slot
+
+
+def available_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+class Runtime:
+    """Measures (shape, slot, config) triples on ``tp`` ranks of ``backend``; reuse it for many configs.
+
+    A config that hangs or crashes the group raises `TrialFailure` (the group restarts on the next call);
+    a config or shape this runtime cannot honour raises `ConfigError` / `ShapeError` before anything runs.
+    """
+
+    def __init__(self, *, tp: int, backend: str, trial_timeout_s: float = 180.0) -> None:
+        if backend not in BACKENDS:
+            raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
+        if backend == "cuda" and available_gpus() < tp:
+            raise ConfigError("backend", f"cuda needs tp={tp} GPUs but this host has {available_gpus()}", backend)
+        self.tp = tp
+        self.backend = backend
+        self.trial_timeout_s = trial_timeout_s
+        self.group = TPGroup(tp=tp, backend=backend)
+        self._limits: DeviceLimits | None = None
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.group.close()
+
+    @property
+    def limits(self) -> DeviceLimits | None:
+        """The GPU's SM count and stream priorities (None on CPU), read from rank 0's device once."""
+        if self.backend == "cuda" and self._limits is None:
+            self._limits = self.group.run(limits_task)[0]
+        return self._limits
+
+    def check(self, shape: ModelShape, slot: Slot, config: OverlapConfig) -> None:
+        """Raise unless this runtime can measure ``config`` for ``slot`` of ``shape``."""
+        if shape.tp != self.tp:
+            raise ShapeError("tp", f"this runtime's TP group has {self.tp} ranks", shape.tp)
+        if shape.dtype != "bf16":
+            raise ShapeError("dtype", "the runtime measures bf16 GEMMs only (FP8 is not implemented yet)", shape.dtype)
+        check_config(config, problem(shape, Slot(slot), config.method), backend=self.backend, limits=self.limits)
+
+    def measure(
+        self, shape: ModelShape, slot: Slot, config: OverlapConfig, *, repeats: int = 20, warmup: int = 5
+    ) -> Measurement:
+        return self.measure_many(shape, slot, [config], repeats=repeats, warmup=warmup)[0]
+
+    def measure_many(
+        self,
+        shape: ModelShape,
+        slot: Slot,
+        configs: list[OverlapConfig],
+        *,
+        repeats: int = 20,
+        warmup: int = 5,
+        rounds: int = 1,
+    ) -> list[Measurement]:
+        """Measure several configs in one go, interleaved over ``rounds`` (A B C A B C ...): the way to
+        compare finalists on a noisy machine.  One failure fails them all: measure suspects alone first."""
+        for config in configs:
+            self.check(shape, slot, config)
+        timeout = self.trial_timeout_s * max(1, len(configs) * rounds)
+        results = self.group.run(
+            measure_task, shape, Slot(slot), configs, repeats=repeats, warmup=warmup, rounds=rounds, timeout_s=timeout
+        )
+        return results[0]

@@ -1,0 +1,54 @@
+"""`autotune measure` as a user runs it: one JSON object on success, exit code 2 and a named field on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+BASE = ["measure", "--hidden", "64", "--tp", "2", "--seq", "32", "--backend", "cpu", "--repeats", "3"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([AUTOTUNE, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_measure_prints_the_measurement_contract_as_json() -> None:
+    done = run(*BASE, "--layer", "proj_fprop", "--method", "pipeline", "--num-splits", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    for field in ("gemm_ms", "comm_ms", "serial_ms", "overlap_ms", "exposed_ms", "hidden_frac", "rel_err", "cv"):
+        assert isinstance(record[field], float), field
+    assert record["valid"] is True
+    assert record["layer"] == "proj_fprop"
+    assert record["shape"]["hidden"] == 64 and record["shape"]["ffn_hidden"] == 256
+    assert record["config"] == {"method": "pipeline", "num_splits": 2}
+    assert record["exposed_ms"] == pytest.approx(record["overlap_ms"] - record["gemm_ms"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--layer", "qkv_fprop", "--method", "pipeline"], "method: pipeline splits"),
+        (["--layer", "qkv_fpropp", "--method", "none"], "layer: must be one of"),
+        (["--layer", "qkv_fprop", "--method", "fastest"], "method: must be one of"),
+        (["--layer", "proj_fprop", "--method", "pipeline", "--num-splits", "3"], "num_splits"),
+        (["--layer", "proj_fprop", "--method", "bulk"], "method: bulk needs"),
+        (["--layer", "qkv_fprop", "--method", "ring_exchange", "--num-sm", "4"], "num_sm: has no meaning on the cpu"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_field(args: list[str], message: str) -> None:
+    done = run(*BASE, *args, "--json")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("error: ")
+    assert message in done.stderr
+
+
+def test_bad_shape_exits_2() -> None:
+    done = run("measure", "--hidden", "65", "--tp", "2", "--seq", "32", "--layer", "qkv_fprop", "--method", "none")
+    assert done.returncode == 2
+    assert "hidden: must be divisible by tp=2" in done.stderr

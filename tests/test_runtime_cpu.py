@@ -1,0 +1,176 @@
+"""The overlap runtime on the CPU backend (gloo): every method reproduces the serial result, every illegal
+config gets its own error, and a config that hangs or crashes the group is killed and reported."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import pytest
+
+from overlap_runtime.config import OverlapConfig, check_config, problem
+from overlap_runtime.errors import ConfigError, InputError, ShapeError, TrialFailure
+from overlap_runtime.runtime import Runtime
+from overlap_runtime.shape import EXTERNAL_SLOTS, ModelShape, Slot
+
+TUNED_SLOTS = [s for s in Slot if s not in EXTERNAL_SLOTS]
+
+
+def shape_for(tp: int) -> ModelShape:
+    return ModelShape(hidden=32 * tp, tp=tp, seq=16 * tp, mbs=2, ffn_hidden=64 * tp)
+
+
+def candidate_configs() -> list[OverlapConfig]:
+    """Every method with representative knob values, legal or not for a given slot."""
+    configs = [OverlapConfig(method="none"), OverlapConfig(method="bulk")]
+    configs += [OverlapConfig(method="ring_exchange", aggregate=agg) for agg in (False, True)]
+    configs += [
+        OverlapConfig(method="pipeline", num_splits=k, pipeline_rs_overlap_first_gemm=first)
+        for k, first in itertools.product((1, 2, 4), (False, True))
+    ]
+    return configs
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda tp: f"tp{tp}")
+def runtime(request: pytest.FixtureRequest):
+    with Runtime(tp=request.param, backend="cpu", trial_timeout_s=60) as rt:
+        yield rt
+
+
+@pytest.mark.parametrize("slot", TUNED_SLOTS, ids=str)
+def test_every_legal_method_reproduces_the_serial_result(runtime: Runtime, slot: Slot) -> None:
+    shape = shape_for(runtime.tp)
+    measured = 0
+    for config in candidate_configs():
+        try:
+            check_config(config, problem(shape, slot, config.method), backend="cpu")
+        except ConfigError:
+            with pytest.raises(ConfigError):
+                runtime.measure(shape, slot, config, repeats=3, warmup=1)
+            continue
+        m = runtime.measure(shape, slot, config, repeats=3, warmup=1)
+        assert m.valid, (config, m)
+        assert m.rel_err < 1e-5, (config, m.rel_err)
+        assert m.overlap_ms > 0 and m.gemm_ms > 0 and m.comm_ms > 0 and m.serial_ms > 0
+        assert m.exposed_ms == pytest.approx(m.overlap_ms - m.gemm_ms)
+        assert m.hidden_frac == pytest.approx(1 - m.exposed_ms / m.comm_ms)
+        measured += 1
+    assert measured >= 2  # the baseline and at least one overlap method
+
+
+@pytest.mark.parametrize(
+    ("slot", "config", "field", "rule"),
+    [
+        ("qkv_fprop", OverlapConfig(method="pipeline", num_splits=2), "method", "pipeline splits"),
+        ("proj_fprop", OverlapConfig(method="bulk"), "method", "bulk needs a collective independent"),
+        ("qkv_wgrad", OverlapConfig(method="ring_exchange"), "method", "ring_exchange needs"),
+        ("proj_wgrad", OverlapConfig(method="external"), "method", "MXFP8-only"),
+        ("proj_fprop", OverlapConfig(method="pipeline", num_splits=3), "num_splits", "divide the output width"),
+        ("qkv_fprop", OverlapConfig(method="ring_exchange", num_splits=3), "num_splits", "always runs tp="),
+        ("proj_fprop", OverlapConfig(method="pipeline", num_sm=8), "num_sm", "no meaning on the cpu backend"),
+        ("qkv_fprop", OverlapConfig(method="ring_exchange", use_ce=True), "use_ce", "no meaning on the cpu"),
+        ("proj_fprop", OverlapConfig(method="ring_exchange", atomic_gemm=True), "atomic_gemm", "FP8"),
+        ("proj_fprop", OverlapConfig(method="bulk", aggregate=True), "method", "bulk needs"),
+        ("qkv_dgrad", OverlapConfig(method="bulk", num_splits=2), "num_splits", "only pipeline and ring_exchange"),
+        ("qkv_fprop", OverlapConfig(method="none", aggregate=True), "aggregate", "no meaning for method none"),
+    ],
+)
+def test_illegal_config_gets_its_specific_error(slot: str, config: OverlapConfig, field: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_config(config, problem(shape_for(2), Slot(slot), config.method), backend="cpu")
+    assert info.value.field == field
+    assert rule in str(info.value)
+
+
+def test_aggregate_needs_tp_four() -> None:
+    config = OverlapConfig(method="ring_exchange", aggregate=True)
+    with pytest.raises(ConfigError, match="even tp >= 4"):
+        check_config(config, problem(shape_for(2), Slot.QKV_FPROP, config.method), backend="cpu")
+    check_config(config, problem(shape_for(4), Slot.QKV_FPROP, config.method), backend="cpu")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"hidden": 100, "tp": 3, "seq": 9}, "hidden"),
+        ({"hidden": 96, "tp": 3, "seq": 10}, "seq"),
+        ({"hidden": 0, "tp": 1, "seq": 8}, "hidden"),
+        ({"hidden": 64, "tp": 2, "seq": 8, "ffn_hidden": 33}, "ffn_hidden"),
+        ({"hidden": 64, "tp": 2, "seq": 8, "num_heads": 6}, "hidden"),
+        ({"hidden": 64, "tp": 4, "seq": 8, "num_heads": 8, "num_query_groups": 2}, "num_query_groups"),
+        ({"hidden": 64, "tp": 2, "seq": 8, "dtype": "fp16"}, "dtype"),
+        ({"hidden": 64, "tp": 2, "seq": 9, "cp": 2}, "seq"),
+    ],
+)
+def test_bad_shape_names_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ShapeError) as info:
+        ModelShape(**kwargs)
+    assert info.value.field == field
+
+
+def test_gqa_and_gated_shapes_size_the_gemms_as_te_does() -> None:
+    shape = ModelShape(hidden=4096, tp=4, seq=4096, num_heads=32, num_query_groups=8, gated=True, ffn_hidden=14336)
+    assert shape.qkv_width == (32 + 2 * 8) * 128
+    qkv = problem(shape, Slot.QKV_FPROP, "ring_exchange")
+    assert (qkv.m, qkv.n, qkv.k) == (4096, 6144 // 4, 4096)
+    fc1 = problem(shape, Slot.FC1_FPROP, "ring_exchange")
+    assert fc1.n == 2 * 14336 // 4
+    fc2 = problem(shape, Slot.FC2_FPROP, "pipeline")
+    assert (fc2.m, fc2.n, fc2.k) == (4096, 4096, 14336 // 4)
+    wgrad = problem(shape, Slot.FC1_WGRAD, "bulk")
+    assert (wgrad.m, wgrad.n, wgrad.k) == (2 * 14336 // 4, 4096, 4096)
+
+
+def test_runtime_refuses_what_it_cannot_measure(runtime: Runtime) -> None:
+    with pytest.raises(ShapeError, match="TP group has"):
+        runtime.measure(shape_for(runtime.tp * 2), Slot.QKV_FPROP, OverlapConfig(method="none"))
+    fp8 = ModelShape(hidden=64, tp=runtime.tp, seq=16 * runtime.tp, dtype="fp8")
+    with pytest.raises(InputError, match="bf16 GEMMs only"):
+        runtime.measure(fp8, Slot.QKV_FPROP, OverlapConfig(method="none"))
+
+
+def _deadlock(ctx) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 0:  # waits for a message rank 1 never sends: the mismatched collectives of a bad config
+        dist.recv(torch.zeros(1), src=1)
+
+
+def _crash(ctx) -> None:
+    if ctx.rank == 1:
+        os._exit(3)
+
+
+def test_hung_config_is_killed_within_its_timeout_and_the_group_recovers() -> None:
+    with Runtime(tp=2, backend="cpu") as rt:
+        rt.measure(shape_for(2), Slot.QKV_FPROP, OverlapConfig(method="none"), repeats=3, warmup=1)
+        started = time.monotonic()
+        with pytest.raises(TrialFailure, match="hung") as info:
+            rt.group.run(_deadlock, timeout_s=3)
+        assert time.monotonic() - started < 3 + 10
+        assert "3 s" in info.value.reason
+        m = rt.measure(shape_for(2), Slot.QKV_FPROP, OverlapConfig(method="ring_exchange"), repeats=3, warmup=1)
+        assert m.valid
+        assert rt.group.starts == 2
+
+
+def test_crashed_rank_is_reported_and_the_group_recovers() -> None:
+    with Runtime(tp=2, backend="cpu") as rt:
+        with pytest.raises(TrialFailure, match="crashed: rank 1 died"):
+            rt.group.run(_crash, timeout_s=30)
+        assert rt.measure(shape_for(2), Slot.PROJ_FPROP, OverlapConfig(method="none"), repeats=3, warmup=1).valid
+
+
+def test_finalists_are_measured_interleaved_with_every_repeat_counted(runtime: Runtime) -> None:
+    shape = shape_for(runtime.tp)
+    configs = [
+        OverlapConfig(method="none"),
+        OverlapConfig(method="ring_exchange"),
+        OverlapConfig(method="pipeline", num_splits=2),
+    ]
+    results = runtime.measure_many(shape, Slot.PROJ_FPROP, configs, repeats=3, warmup=1, rounds=2)
+    assert len(results) == 3
+    assert all(m.valid and m.repeats == 6 for m in results)
+    assert len({(m.gemm_ms, m.comm_ms) for m in results}) == 1  # one problem, baselines measured once
