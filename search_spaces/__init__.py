@@ -1,0 +1,48 @@
+"""What can be tuned and the formats users already have: layer catalog, legal spaces, TE defaults, presets.
+
+Pure Python + yaml (no torch): the service and the API use it on machines without GPUs.
+"""
+
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces.catalog import CATALOG, SlotInfo, off_switch, search_methods, slot_info, tunable_slots
+from search_spaces.defaults import as_runnable, te_default
+from search_spaces.export import SlotResult, preset_from_results
+from search_spaces.nemo_yaml import parse_file_name, parse_nemo, preset_file_name, read_nemo, write_nemo
+from search_spaces.presets import Preset, PresetError, PresetWarning
+from search_spaces.registry import PresetRegistry, distance, nearest, nvidia_presets
+from search_spaces.space import Param, SlotSpace, slot_space
+from search_spaces.te_dict import TE_KEYS, preset_json, te_config, to_te_dict
+
+__all__ = [
+    "CATALOG",
+    "TE_KEYS",
+    "ModelShape",
+    "Param",
+    "Preset",
+    "PresetError",
+    "PresetRegistry",
+    "PresetWarning",
+    "Slot",
+    "SlotInfo",
+    "SlotResult",
+    "SlotSpace",
+    "as_runnable",
+    "distance",
+    "nearest",
+    "nvidia_presets",
+    "off_switch",
+    "parse_file_name",
+    "parse_nemo",
+    "preset_file_name",
+    "preset_from_results",
+    "preset_json",
+    "read_nemo",
+    "search_methods",
+    "slot_info",
+    "slot_space",
+    "te_config",
+    "te_default",
+    "to_te_dict",
+    "tunable_slots",
+    "write_nemo",
+]

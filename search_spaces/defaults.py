@@ -1,0 +1,92 @@
+"""TE's behaviour as configs our runtime can score: TE's per-slot defaults, and any TE entry (e.g. a preset's).
+
+A TE entry (`te_dict.effective`) says what TE would run; the runtime wants each knob either meaningful or
+unset (`check_config`).  `as_runnable` maps one to the other:
+
+- ring_exchange with copy engines (use_ce): TE's num_sm / cga_size only size an SM copy kernel it does not
+  launch, so they go, unless set_sm_margin keeps num_sm SMs off the GEMM (then num_sm stays); TE's
+  cluster size 1 is "no clusters", the runtime's default.
+- ``fp8_buf`` only picks the buffer dtype under FP8 quantization; the runtime runs bf16 GEMMs, so it goes.
+- TE always rotates chunk GEMMs over min(3, chunks) streams and runs cuBLAS: ``num_max_streams`` and
+  ``gemm`` say so explicitly on cuda.
+- On cpu only method, num_splits, aggregate and pipeline_rs_overlap_first_gemm survive (the rest has no
+  CPU meaning).
+
+What has no runtime equivalent (atomic_gemm, aggregate on tp=2, num_sm above the device's) raises the
+runtime's `ConfigError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces.catalog import slot_info
+from search_spaces.space import sm_choices
+from search_spaces.te_dict import te_defaults, te_streams
+
+_CPU_KNOBS = ("num_splits", "aggregate", "pipeline_rs_overlap_first_gemm")
+
+
+def te_default(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLimits | None = None) -> OverlapConfig:
+    """What TE runs for ``slot`` when ub_cfgs leaves it out (te_nemo.md §1.4), as a runtime config.
+
+    Two adjustments keep it runnable on any shape and device: TE splits the pipeline GEMM into 4 chunks by
+    integer division, the runtime needs equal chunks, so num_splits is the largest divisor of the output
+    width up to 4; TE's 16 comm SMs become the largest num_sm grid value up to 16 that the device allows.
+    """
+    slot = Slot(slot)
+    method = slot_info(slot).default_method
+    entry = te_defaults(slot, method)
+    if "num_splits" in entry:
+        width = problem(shape, slot, method).n
+        entry["num_splits"] = max(n for n in range(1, entry["num_splits"] + 1) if width % n == 0)
+    if method != Method.RING_EXCHANGE:
+        entry["num_sm"] = max(n for n in sm_choices(limits) if n <= entry["num_sm"])
+        entry["cga_size"] = min(entry["cga_size"], entry["num_sm"])
+    return as_runnable(shape, slot, OverlapConfig(method=method, **entry), backend=backend, limits=limits)
+
+
+def as_runnable(
+    shape: ModelShape,
+    slot: Slot,
+    entry: OverlapConfig,
+    *,
+    backend: str,
+    limits: DeviceLimits | None = None,
+) -> OverlapConfig:
+    """The runtime config that runs TE's effective ``entry`` (a preset's slot); ConfigError if none does."""
+    slot = Slot(slot)
+    gemm = problem(shape, slot, entry.method)
+    if backend == "cpu":
+        config = OverlapConfig(method=entry.method, **{k: getattr(entry, k) for k in _CPU_KNOBS})
+    else:
+        config = OverlapConfig(
+            method=entry.method,
+            num_sm=entry.num_sm,
+            num_splits=entry.num_splits,
+            aggregate=entry.aggregate,
+            use_ce=entry.use_ce,
+            set_sm_margin=entry.set_sm_margin,
+            atomic_gemm=entry.atomic_gemm,
+            cga_size=entry.cga_size,
+            comm_priority=entry.comm_priority,
+            gemm_priority=entry.gemm_priority,
+            pipeline_rs_overlap_first_gemm=entry.pipeline_rs_overlap_first_gemm,
+            num_max_streams=te_streams(entry, gemm.tp),
+            gemm="cublas",
+        )
+        if entry.method == Method.RING_EXCHANGE:
+            config = _ring_exchange(config)
+    check_config(config, gemm, backend=backend, limits=limits)
+    return config
+
+
+def _ring_exchange(config: OverlapConfig) -> OverlapConfig:
+    sm_copies = config.use_ce is False
+    return replace(
+        config,
+        num_sm=config.num_sm if sm_copies or config.set_sm_margin else None,
+        cga_size=config.cga_size if sm_copies and config.cga_size != 1 else None,
+    )

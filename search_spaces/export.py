@@ -1,0 +1,104 @@
+"""From per-slot tuning results to a preset, under DESIGN.md's export rule.
+
+NeMo/Megatron YAML and TE's ub_cfgs cannot switch one slot off (a slot left out gets TE's defaults, which
+overlap).  So when no overlap (`Method.NONE`) wins a slot, the preset still carries the slot's best overlap
+config, and its note says that no overlap was faster, by how much, and which switch turns that overlap
+off.  When a dgrad slot wins with a reduce-scatter dgrad (ring_exchange / pipeline), TE refuses an entry
+for its wgrad slot, so that slot is dropped with a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from overlap_runtime.config import Method, OverlapConfig, uses_rs_dgrad
+from overlap_runtime.errors import InputError
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces.catalog import RS_DGRAD_WGRAD, off_switch, slot_info
+from search_spaces.presets import Preset
+from search_spaces.te_dict import TE_MAX_SMS, te_config, te_streams
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlotResult:
+    """The outcome of tuning one slot: the best config overall and the best one that overlaps."""
+
+    best: OverlapConfig
+    """The fastest valid config, `Method.NONE` included."""
+    best_ms: float
+    best_overlap: OverlapConfig | None = None
+    """The fastest valid config that overlaps (what the preset carries when none wins); may equal best."""
+    best_overlap_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.best_overlap is None) != (self.best_overlap_ms is None):
+            raise InputError("best_overlap_ms", "must be given with best_overlap", self.best_overlap_ms)
+        if self.best_overlap is not None and self.best_overlap.method == Method.NONE:
+            raise InputError("best_overlap", "must be a config that overlaps, not none", "none")
+
+
+def preset_from_results(shape: ModelShape, results: Mapping[Slot, SlotResult], *, gpu: str | None = None) -> Preset:
+    """The preset a tuning job exports: each slot's winner as a TE entry, with DESIGN.md's notes."""
+    configs: dict[Slot, OverlapConfig] = {}
+    notes: dict[Slot, str] = {}
+    for slot, result in ((Slot(s), r) for s, r in results.items()):
+        chosen = result.best
+        if chosen.method == Method.NONE:
+            if result.best_overlap is None or result.best_overlap_ms is None:
+                switch = off_switch(slot, slot_info(slot).default_method)
+                _note(
+                    notes,
+                    slot,
+                    f"no overlap was fastest and no overlap config ran; TE's default overlap applies unless turned off with {switch}",
+                )
+                continue
+            chosen = result.best_overlap
+            _note(
+                notes, slot, _none_won(slot, chosen.method, none_ms=result.best_ms, overlap_ms=result.best_overlap_ms)
+            )
+        configs[slot] = te_config(slot, chosen)
+        _note(notes, slot, _runtime_caveat(chosen, shape.tp))
+    for dgrad, wgrad in RS_DGRAD_WGRAD.items():
+        if dgrad in configs and uses_rs_dgrad(dgrad, configs[dgrad].method):
+            method = configs[dgrad].method.value
+            _note(
+                notes,
+                dgrad,
+                f"{method} reduce-scatters the dgrad output: run Megatron with --tp-comm-overlap-rs-dgrad (TE ub_overlap_rs_dgrad=True)",
+            )
+            configs.pop(wgrad, None)
+            if wgrad in results:
+                notes[wgrad] = (
+                    f"left out: TE refuses a {wgrad.value} entry while {dgrad.value} uses {method} (reduce-scatter dgrad)"
+                )
+    return Preset(configs=configs, shape=shape, gpu=gpu, dtype=shape.dtype, notes=notes)
+
+
+def _note(notes: dict[Slot, str], slot: Slot, text: str) -> None:
+    if text:
+        notes[slot] = f"{notes[slot]}; {text}" if slot in notes else text
+
+
+def _none_won(slot: Slot, method: Method, *, none_ms: float, overlap_ms: float) -> str:
+    gain = overlap_ms - none_ms
+    share = 100.0 * gain / overlap_ms if overlap_ms > 0 else 0.0
+    return (
+        f"no overlap was {gain:.3g} ms ({share:.1f}%) faster than this config ({none_ms:.3g} vs {overlap_ms:.3g} ms); "
+        f"turn this overlap off with {off_switch(slot, method)}"
+    )
+
+
+def _runtime_caveat(config: OverlapConfig, tp: int) -> str:
+    """What TE may run differently from what was measured: TE has no knob for the GEMM or its streams, and
+    its userbuffers kernels stop at 32 SMs where our runtime's NCCL kernels go on to 64."""
+    differs = []
+    if config.gemm not in (None, "cublas"):
+        differs.append(f"our {config.gemm} GEMM (TE runs cuBLAS)")
+    streams = te_streams(config, tp)
+    if config.num_max_streams not in (None, streams):
+        differs.append(f"{config.num_max_streams} compute streams (TE uses {streams})")
+    caveats = [f"measured with {' and '.join(differs)}"] if differs else []
+    if (config.num_sm or 0) > TE_MAX_SMS:
+        caveats.append(f"num_sm {config.num_sm} is above userbuffers' NVTE_MAX_SMS={TE_MAX_SMS}: check it on TE first")
+    return "; ".join(caveats)

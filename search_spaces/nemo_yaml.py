@@ -1,0 +1,156 @@
+"""NeMo / Megatron userbuffers YAML, read strictly and written as NVIDIA writes it.
+
+Megatron passes ``yaml.safe_load`` of this file straight to TE's ``initialize_ub(ub_cfgs=...)``, and TE
+silently ignores a slot name it does not know, so reading is strict: unknown slots (with the close name
+suggested), unknown keys, wrong types, methods a slot cannot run, YAML tags, duplicate keys and files over
+1 MiB are errors.  The shape, GPU and dtype come from the file name (NVIDIA's header comments are not
+reliable, te_nemo.md §3.1).  Writing follows NVIDIA's files: a header comment, slots grouped and ordered
+as NVIDIA orders them, NVIDIA's keys per method plus any key that differs from TE's default, flags as 0/1.
+Notes become comments; they are not read back.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Hashable
+from pathlib import Path
+
+import yaml
+
+from overlap_runtime.errors import InputError
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces.presets import Preset, PresetError, PresetWarning, to_slot
+from search_spaces.te_dict import FLAG_KEYS, parse_entry, te_entry
+
+MAX_PRESET_BYTES = 1 << 20
+
+FILE_NAME = re.compile(
+    r"ub_cfg_(?:(?!(?:bf16|fp8)_)(?P<gpu>[a-z][a-z0-9]*)_)?(?:(?P<dtype>bf16|fp8)_)?"
+    r"h(?P<hidden>\d+)_tp(?P<tp>\d+)(?:_cp(?P<cp>\d+))?_mbs(?P<mbs>\d+)_seqlen(?P<seq>\d+)\.ya?ml"
+)
+"""NVIDIA's names: ``ub_cfg_h100_bf16_h16384_tp8_cp2_mbs1_seqlen8192.yaml`` (gpu, dtype and cp optional)."""
+
+_SECTIONS = (
+    ("# Bulk overlap with AllGather / ReduceScatter", (Slot.QKV_DGRAD, Slot.QKV_WGRAD, Slot.FC1_DGRAD, Slot.FC1_WGRAD)),
+    ("## Ring-exchange overlap with AllGather", (Slot.QKV_FPROP, Slot.PROJ_DGRAD, Slot.FC1_FPROP, Slot.FC2_DGRAD)),
+    ("# Chunked-collective overlap with ReduceScatter", (Slot.PROJ_FPROP, Slot.FC2_FPROP)),
+    ("# External overlap (MXFP8 wgrad all-gather)", (Slot.PROJ_WGRAD, Slot.FC2_WGRAD)),
+)
+"""NVIDIA's section comments and slot order."""
+
+
+def read_nemo(path: str | Path) -> Preset:
+    """The preset in a NeMo/Megatron YAML file; PresetError naming the field and rule when TE would misread it."""
+    path = Path(path)
+    with path.open("rb") as f:
+        data = f.read(MAX_PRESET_BYTES + 1)  # never more: a preset is a few hundred bytes
+    if len(data) > MAX_PRESET_BYTES:
+        raise PresetError("file", f"must be at most {MAX_PRESET_BYTES} bytes (1 MiB); this one is larger", path.name)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PresetError("file", "must be UTF-8 text", str(e)) from None
+    return parse_nemo(text, name=path.name)
+
+
+def parse_nemo(text: str, *, name: str | None = None) -> Preset:
+    """The preset in YAML ``text``; ``name`` is the file name that carries the shape, GPU and dtype."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
+    except yaml.YAMLError as e:
+        if "constructor for the tag" in str(getattr(e, "problem", "")):
+            rule = "YAML tags such as !!python/object are not allowed (TE presets are read with yaml.safe_load)"
+            raise PresetError("file", rule, f"line {e.problem_mark.line + 1}: {e.problem}") from None
+        raise PresetError("file", f"is not valid YAML: {e}") from None
+    shape, gpu, dtype = parse_file_name(name)
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise PresetError("file", "must be a mapping of TE slot names to ub_cfgs entries", type(data).__name__)
+    if not data:
+        warnings.warn(
+            f"{name or 'preset'}: configures no slot (NVIDIA's hydra dummy file?); TE defaults apply to every slot",
+            PresetWarning,
+            stacklevel=2,
+        )
+    configs = {to_slot(key): parse_entry(to_slot(key), entry) for key, entry in data.items()}
+    return Preset(configs=configs, shape=shape, gpu=gpu, dtype=dtype, source=name)
+
+
+def parse_file_name(name: str | None) -> tuple[ModelShape | None, str | None, str | None]:
+    """(shape, gpu, dtype) from an NVIDIA-style file name; Nones when the name does not follow the pattern."""
+    match = FILE_NAME.fullmatch(name or "")
+    if match is None:
+        return None, None, None
+    numbers = {k: int(match[k]) for k in ("hidden", "tp", "mbs", "seq")}
+    try:
+        shape = ModelShape(**numbers, cp=int(match["cp"] or 1), dtype=match["dtype"] or "bf16")
+    except InputError as e:
+        raise PresetError("file name", f"names a shape TE cannot run: {e}", name) from None
+    return shape, match["gpu"], match["dtype"]
+
+
+def preset_file_name(preset: Preset) -> str:
+    """``ub_cfg_{gpu}_{dtype}_h{H}_tp{P}[_cp{C}]_mbs{B}_seqlen{S}.yaml``, gpu and dtype where known, as NVIDIA names them."""
+    if preset.shape is None:
+        raise PresetError("shape", "is needed to name a preset file")
+    parts = ["ub_cfg", *(p for p in (preset.gpu, preset.dtype) if p), preset.shape.label()]
+    return "_".join(parts) + ".yaml"
+
+
+def write_nemo(preset: Preset) -> str:
+    """NeMo/Megatron YAML for ``preset``, laid out like NVIDIA's files; notes as comments."""
+    lines = ["# UB communicator configurations", f"# Model configs: {_model_line(preset)}"]
+    lines += [_comment(slot, note) for slot, note in preset.notes.items() if slot not in preset.configs]
+    for title, slots in _SECTIONS:
+        blocks = [_block(preset, slot) for slot in slots if slot in preset.configs]
+        if blocks:
+            lines += ["", title, *"\n\n".join(blocks).split("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def _block(preset: Preset, slot: Slot) -> str:
+    note = [_comment(slot, preset.notes[slot])] if slot in preset.notes else []
+    entry = te_entry(slot, preset.configs[slot], minimal=True)
+    keys = [f"  {key}: {int(value) if key in FLAG_KEYS else value}" for key, value in entry.items()]
+    return "\n".join([*note, f"{slot.value}:", *keys])
+
+
+def _comment(slot: Slot, note: str) -> str:
+    """One comment line: a line break in a note would turn the rest of it into YAML."""
+    return f"# {slot.value}: {' '.join(note.split())}"
+
+
+def _model_line(preset: Preset) -> str:
+    """NVIDIA's ``H100/70B/TP8/CP2/MBS1/SeqLen8K/FP8``, with the width (``h8192``) where NVIDIA names the model."""
+    if preset.shape is None:
+        return "unknown shape"
+    s = preset.shape
+    seq = f"{s.seq // 1024}K" if s.seq % 1024 == 0 else str(s.seq)
+    parts = [
+        (preset.gpu or "").upper(),
+        f"h{s.hidden}",
+        f"TP{s.tp}",
+        f"CP{s.cp}" if s.cp > 1 else "",
+        f"MBS{s.mbs}",
+        f"SeqLen{seq}",
+        (preset.dtype or "").upper(),
+    ]
+    return "/".join(p for p in parts if p)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader reports unhashable keys itself
+            if key in seen:
+                raise PresetError(
+                    str(key), f"is given twice (line {key_node.start_mark.line + 1}); YAML would keep only the last"
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)

@@ -1,0 +1,242 @@
+"""TE's ``ub_cfgs`` entries: the keys TE accepts, its defaults, and what it actually runs.
+
+TE merges a user entry over `get_default_config` (te_nemo.md §1.4) and passes it as keyword arguments to
+`add_ub`, so an unknown key is a TypeError, while a key the method does not use is silently ignored.  We
+read entries strictly and store the *effective* entry: the keys the method uses, with TE's defaults filled
+in.  That makes two entries equal exactly when TE runs them the same way, and lets us write an entry with
+only the keys NVIDIA writes plus those that differ from TE's defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.shape import Slot
+from search_spaces.catalog import AG, BK, EXT, PL, RS, RX, collective, slot_info, suggest
+from search_spaces.presets import RUNTIME_ONLY_KNOBS, Preset, PresetError, PresetWarning, check_method
+
+TE_KEYS = (
+    "method",
+    "is_reduce_scatter",
+    "num_sm",
+    "cga_size",
+    "num_splits",
+    "set_sm_margin",
+    "aggregate",
+    "use_ce",
+    "fp8_buf",
+    "atomic_gemm",
+    "pipeline_rs_overlap_first_gemm",
+    "comm_priority",
+    "gemm_priority",
+)
+"""Every key TE's `add_ub` accepts, in the order NVIDIA's files write them."""
+
+TE_METHODS = (RX, PL, BK, EXT)
+TE_MAX_SMS = 32
+"""userbuffers' NVTE_MAX_SMS: TE's comm kernels are built for at most 32 CTAs (te_nemo.md §1.6)."""
+TE_NUM_MAX_STREAMS = 3
+"""TE's fixed `_NUM_MAX_UB_STREAMS`: chunk GEMMs rotate over min(3, chunks) compute streams."""
+
+FLAG_KEYS = frozenset(
+    {
+        "is_reduce_scatter",
+        "set_sm_margin",
+        "aggregate",
+        "use_ce",
+        "fp8_buf",
+        "atomic_gemm",
+        "pipeline_rs_overlap_first_gemm",
+    }
+)
+_COUNT_KEYS = frozenset({"num_sm", "cga_size", "num_splits"})
+_COMMON = ("num_sm", "cga_size", "set_sm_margin", "fp8_buf", "comm_priority", "gemm_priority")
+_USED = {
+    RX: (*_COMMON, "aggregate", "use_ce", "atomic_gemm"),
+    PL: (*_COMMON, "num_splits", "atomic_gemm", "pipeline_rs_overlap_first_gemm"),
+    BK: _COMMON,
+    EXT: _COMMON,
+}
+_PLAIN_DEFAULTS: dict[str, Any] = {
+    "num_splits": 4,
+    "aggregate": False,
+    "use_ce": True,
+    "atomic_gemm": False,
+    "pipeline_rs_overlap_first_gemm": False,
+}
+"""TE's defaults that depend on neither the slot nor the method.  Keys some methods ignore are all here:
+giving one at its default is harmless, any other value is a mistake."""
+
+
+def used_keys(slot: Slot, method: Method) -> tuple[str, ...]:
+    """Keys TE's communicator for ``method`` reads (aggregate only in a ring_exchange all-gather)."""
+    keys = _USED[method]
+    return tuple(k for k in keys if k != "aggregate" or collective(slot, method) == AG)
+
+
+def te_defaults(slot: Slot, method: Method) -> dict[str, Any]:
+    """TE's `get_default_config` for ``slot`` under ``method``, restricted to the keys the method reads."""
+    rx = method == RX
+    defaults = _PLAIN_DEFAULTS | {
+        "num_sm": 1 if rx else 16,
+        "cga_size": 1 if rx else 2,
+        "set_sm_margin": not rx,
+        "fp8_buf": collective(slot, method) == AG,
+    }
+    return {k: v for k, v in defaults.items() if k in used_keys(slot, method)}
+
+
+def effective(slot: Slot, method: Method, given: Mapping[str, Any]) -> OverlapConfig:
+    """What TE runs for ``given`` (keys the method reads): defaults filled in, fp8_buf merged as TE does.
+
+    TE honours a user's fp8_buf only for pipeline; all-gather slots always get an FP8 buffer and the other
+    slots never do (base.py merge rule, te_nemo.md §1.4).
+    """
+    values = te_defaults(slot, method) | dict(given)
+    values["fp8_buf"] = collective(slot, method) == AG or (method == PL and bool(values["fp8_buf"]))
+    return OverlapConfig(method=method, **values)
+
+
+def parse_entry(slot: Slot, raw: object) -> OverlapConfig:
+    """One ``ub_cfgs`` entry as a user wrote it -> TE's effective entry; PresetError on anything TE would misread."""
+    where = slot.value
+    if not isinstance(raw, Mapping):
+        raise PresetError(where, "must be a mapping of TE ub_cfgs keys", raw)
+    for key in raw:
+        if key not in TE_KEYS:
+            raise PresetError(f"{where}.{key}", f"is not a TE ub_cfgs key (TE raises TypeError){suggest(key, TE_KEYS)}")
+    method = _method(slot, raw.get("method", slot_info(slot).default_method.value))
+    given = {key: _value(f"{where}.{key}", key, value) for key, value in raw.items() if key != "method"}
+    expected_rs = collective(slot, method) == RS
+    if given.pop("is_reduce_scatter", expected_rs) != expected_rs:
+        raise PresetError(
+            f"{where}.is_reduce_scatter",
+            f"must be {int(expected_rs)}: {where} under {method.value} runs a {collective(slot, method).value}",
+            int(not expected_rs),
+        )
+    used = used_keys(slot, method)
+    for key, value in given.items():
+        if key == "fp8_buf" and method != PL and value != te_defaults(slot, method)["fp8_buf"]:
+            warnings.warn(
+                f"{where}.fp8_buf: TE honours fp8_buf only for pipeline and ignores {int(value)} here",
+                PresetWarning,
+                stacklevel=2,
+            )
+        elif key not in used and not _harmless(key, value, method):
+            raise PresetError(
+                f"{where}.{key}",
+                f"{method.value} on {where} ignores {key} (TE would drop it silently); leave it out",
+                value,
+            )
+    if given.get("num_sm", 0) > TE_MAX_SMS:
+        warnings.warn(
+            f"{where}.num_sm: {given['num_sm']} is above userbuffers' NVTE_MAX_SMS={TE_MAX_SMS}",
+            PresetWarning,
+            stacklevel=2,
+        )
+    return effective(slot, method, {k: v for k, v in given.items() if k in used})
+
+
+def _harmless(key: str, value: object, method: Method) -> bool:
+    """An ignored key given at TE's default changes nothing (ring_exchange's num_splits default is tp, unknown here)."""
+    return key in _PLAIN_DEFAULTS and not (method == RX and key == "num_splits") and value == _PLAIN_DEFAULTS[key]
+
+
+def _method(slot: Slot, value: object) -> Method:
+    names = [m.value for m in TE_METHODS]
+    if value == Method.NONE.value:
+        raise PresetError(
+            f"{slot.value}.method",
+            "none is not a TE method; leave the slot out or switch its overlap off in Megatron/TE",
+            value,
+        )
+    if not isinstance(value, str) or value not in names:
+        raise PresetError(f"{slot.value}.method", f"must be one of {', '.join(names)}{suggest(value, names)}", value)
+    method = Method(value)
+    check_method(slot, method)
+    return method
+
+
+def _value(field: str, key: str, value: object) -> bool | int:
+    if key in FLAG_KEYS:
+        if isinstance(value, bool) or (type(value) is int and value in (0, 1)):
+            return bool(value)
+        raise PresetError(field, "must be a flag: 0, 1, true or false", value)
+    if type(value) is not int:
+        raise PresetError(field, "must be an integer", value)
+    if key in _COUNT_KEYS and value < 1:
+        raise PresetError(field, "must be a positive integer", value)
+    return value
+
+
+def te_config(slot: Slot, config: OverlapConfig) -> OverlapConfig:
+    """TE's effective entry for a config our runtime ran: unset knobs take TE's defaults, runtime-only knobs go.
+
+    ``num_max_streams`` and ``gemm`` have no TE key: TE always rotates over min(3, chunks) streams and runs
+    cuBLAS, so a result measured with other values may not carry over exactly.
+    """
+    if config.method == Method.NONE:
+        raise PresetError(f"{slot.value}.method", "none is not a TE method", "none")
+    plain = dataclasses.replace(config, **dict.fromkeys(RUNTIME_ONLY_KNOBS))
+    given = {k: getattr(plain, k) for k in used_keys(slot, plain.method) if getattr(plain, k) is not None}
+    if plain.num_sm is None:  # the runtime cannot set a margin without num_sm: "no margin" there means "default"
+        given.pop("set_sm_margin", None)
+    return effective(slot, plain.method, given)
+
+
+def te_streams(config: OverlapConfig, tp: int) -> int | None:
+    """The compute streams TE gives ``config``'s chunk GEMMs: min(3, chunks); None for unchunked methods."""
+    if config.method == PL and config.num_splits is not None:
+        return min(TE_NUM_MAX_STREAMS, config.num_splits)
+    if config.method == RX:
+        return min(TE_NUM_MAX_STREAMS, tp // 2 if config.aggregate else tp)
+    return None
+
+
+def te_entry(slot: Slot, config: OverlapConfig, *, minimal: bool = False) -> dict[str, Any]:
+    """``config`` as a TE ``ub_cfgs`` entry (bools for flags, no None values, no ``is_reduce_scatter``).
+
+    ``minimal`` writes what NVIDIA's files write: the keys NVIDIA always gives for the method, plus any key
+    whose value differs from TE's default; the rest TE fills in to the same effect.
+    """
+    defaults = te_defaults(slot, config.method)
+    always = _nvidia_keys(slot, config.method)
+    used = used_keys(slot, config.method)
+    entry: dict[str, Any] = {"method": config.method.value}
+    for key in TE_KEYS:
+        value = getattr(config, key, None)  # "method" and "is_reduce_scatter" are never in `used`
+        if key in used and value is not None and (not minimal or key in always or value != defaults.get(key)):
+            entry[key] = value
+    return entry
+
+
+def _nvidia_keys(slot: Slot, method: Method) -> tuple[str, ...]:
+    """The keys NVIDIA's preset files always write for a method (te_nemo.md §3.2)."""
+    if method == RX:
+        return ("aggregate",) if collective(slot, method) == AG else ("num_sm", "set_sm_margin")
+    if method == PL:
+        return ("num_sm", "cga_size", "num_splits", "set_sm_margin")
+    return ("num_sm", "cga_size", "set_sm_margin")
+
+
+def to_te_dict(preset: Preset) -> dict[str, dict[str, Any]]:
+    """The ``ub_cfgs`` argument of TE's ``initialize_ub`` for ``preset``: every key the method reads, explicitly."""
+    return {slot.value: te_entry(slot, config) for slot, config in preset.configs.items()}
+
+
+def preset_json(preset: Preset) -> dict[str, Any]:
+    """The normalized view of a preset: shape, GPU, dtype, TE's effective ub_cfgs and the notes."""
+    shape = None
+    if preset.shape is not None:
+        shape = {f.name: getattr(preset.shape, f.name) for f in dataclasses.fields(preset.shape) if f.init}
+    return {
+        "shape": shape,
+        "gpu": preset.gpu,
+        "dtype": preset.dtype,
+        "ub_cfgs": to_te_dict(preset),
+        "notes": {slot.value: note for slot, note in preset.notes.items()},
+    }
