@@ -1,0 +1,100 @@
+"""Storage of the tuning service: SQLAlchemy models and the only functions that touch SQL.
+
+Routes, the controller and workers call these functions (keyword arguments only) and never write SQL.
+SQLite (WAL, the default, at a per-user data path) serves one machine; PostgreSQL serves scale-out, with
+Optuna's `RDBStorage` tables in the same database beside ours (ours are all prefixed ``autotune_``).
+Typical start-up::
+
+    engine = create_engine_for(url=None)  # or "postgresql+psycopg://user@host/db"
+    upgrade(engine=engine)
+    Session = session_factory(engine=engine)
+    with Session() as session:
+        job = create_job(session=session, shape=shape, layers=["qkv_fprop"], n_trials=20, backend=Backend.CUDA)
+"""
+
+from storage.best import get_best, upsert_best
+from storage.engine import create_engine_for, default_sqlite_path, session_factory
+from storage.errors import Conflict, LeaseLost, NotFound, StorageError
+from storage.jobs import cancel_job, create_job, get_job, list_jobs, set_job_status
+from storage.migrate import VERSION_TABLE, alembic_config, current_revision, upgrade
+from storage.models import (
+    Backend,
+    BestConfig,
+    Job,
+    JobStatus,
+    LayerStudy,
+    Trial,
+    TrialPurpose,
+    TrialState,
+    Worker,
+    WorkerStatus,
+)
+from storage.page import Page
+from storage.shape_key import ShapeLike, shape_key
+from storage.studies import add_layer_study, get_layer_study, list_layer_studies, update_layer_study
+from storage.trials import (
+    LEASE_EXPIRED,
+    Claim,
+    add_trial,
+    claim_trial,
+    complete_trial,
+    expire_leases,
+    fail_trial,
+    get_trial,
+    list_trials,
+    renew_lease,
+)
+from storage.workers import get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
+
+__all__ = [
+    "LEASE_EXPIRED",
+    "VERSION_TABLE",
+    "Backend",
+    "BestConfig",
+    "Claim",
+    "Conflict",
+    "Job",
+    "JobStatus",
+    "LayerStudy",
+    "LeaseLost",
+    "NotFound",
+    "Page",
+    "ShapeLike",
+    "StorageError",
+    "Trial",
+    "TrialPurpose",
+    "TrialState",
+    "Worker",
+    "WorkerStatus",
+    "add_layer_study",
+    "add_trial",
+    "alembic_config",
+    "cancel_job",
+    "claim_trial",
+    "complete_trial",
+    "create_engine_for",
+    "create_job",
+    "current_revision",
+    "default_sqlite_path",
+    "expire_leases",
+    "fail_trial",
+    "get_best",
+    "get_job",
+    "get_layer_study",
+    "get_trial",
+    "get_worker",
+    "heartbeat",
+    "list_jobs",
+    "list_layer_studies",
+    "list_trials",
+    "list_workers",
+    "mark_lost_workers",
+    "register_worker",
+    "renew_lease",
+    "session_factory",
+    "set_job_status",
+    "shape_key",
+    "update_layer_study",
+    "upgrade",
+    "upsert_best",
+]

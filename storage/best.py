@@ -1,0 +1,86 @@
+"""The best config per (GPU model, shape, slot): what ``GET /v1/best`` and the preset export read.
+
+The tuner decides which trial won; `upsert_best` records that verdict, replacing the previous winner for the
+same key (a newer job re-measured on the same GPU model is the better-informed answer).  The upsert is one
+``INSERT ... ON CONFLICT DO UPDATE``, so two jobs finishing the same shape at once cannot both insert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from storage.errors import wraps_driver_errors
+from storage.models import BestConfig, utcnow
+from storage.shape_key import ShapeLike, shape_json, shape_key
+
+
+@wraps_driver_errors
+def upsert_best(
+    *,
+    session: Session,
+    gpu: str,
+    shape: ShapeLike,
+    slot: str,
+    config: Mapping[str, Any],
+    measurement: Mapping[str, Any],
+    spread: Mapping[str, Any] | None = None,
+    job_id: str | None = None,
+    now: datetime | None = None,
+) -> BestConfig:
+    """Record ``config`` as the winner of ``slot`` for ``shape`` on ``gpu`` (the model name, "cpu" for the CPU backend)."""
+    row = {
+        "gpu": gpu,
+        "shape_key": shape_key(shape),
+        "slot": slot,
+        "hidden": shape.hidden,
+        "tp": shape.tp,
+        "mbs": shape.mbs,
+        "seq": shape.seq,
+        "dtype": shape.dtype,
+        "shape": shape_json(shape),
+        "config": dict(config),
+        "measurement": dict(measurement),
+        "spread": None if spread is None else dict(spread),
+        "job_id": job_id,
+        "updated_at": now or utcnow(),
+    }
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    stmt = insert(BestConfig).values(row)
+    replaced = {name: stmt.excluded[name] for name in ("config", "measurement", "spread", "job_id", "updated_at")}
+    stmt = stmt.on_conflict_do_update(index_elements=["gpu", "shape_key", "slot"], set_=replaced)
+    best = session.scalars(stmt.returning(BestConfig), execution_options={"populate_existing": True}).one()
+    session.commit()
+    return best
+
+
+@wraps_driver_errors
+def get_best(
+    *,
+    session: Session,
+    hidden: int,
+    tp: int,
+    mbs: int,
+    seq: int,
+    gpu: str | None = None,
+    dtype: str | None = None,
+) -> list[BestConfig]:
+    """Every stored winner for (hidden, tp, mbs, seq), optionally of one GPU model and dtype.
+
+    Several shape keys can match (e.g. different ffn widths or dtypes); rows are ordered by GPU, shape key and
+    slot so callers can group them.  An empty list means nothing was measured for this shape: the caller
+    decides whether to offer a nearest known shape, and must say so.
+    """
+    stmt = select(BestConfig).where(
+        BestConfig.hidden == hidden, BestConfig.tp == tp, BestConfig.mbs == mbs, BestConfig.seq == seq
+    )
+    if gpu is not None:
+        stmt = stmt.where(BestConfig.gpu == gpu)
+    if dtype is not None:
+        stmt = stmt.where(BestConfig.dtype == dtype)
+    return list(session.scalars(stmt.order_by(BestConfig.gpu, BestConfig.shape_key, BestConfig.slot)))

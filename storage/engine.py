@@ -1,0 +1,67 @@
+"""Engines and sessions: SQLite for one machine, PostgreSQL for scale-out.
+
+SQLite gets WAL (readers never block the single writer), a busy timeout (a writer waits for the lock instead
+of failing with "database is locked" at once; Optuna's issue #820 is the classic report), foreign keys (off by
+default in SQLite) and ``synchronous=NORMAL`` (durable at each checkpoint, safe with WAL), set on every new
+connection because SQLite keeps most of them per connection.  PostgreSQL gets ``pool_pre_ping`` so a pooled
+connection the server dropped during a long trial is replaced instead of failing the next request
+(Optuna issue #5600).  psycopg 3 is the only PostgreSQL driver we ship, so bare ``postgresql://`` URLs are
+pointed at it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+APP_DIR_NAME = "overlap-autotune"
+SQLITE_FILE_NAME = "autotune.db"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""Long enough for a writer to outwait a burst of claims from many local workers."""
+
+
+def default_sqlite_path() -> Path:
+    """``$XDG_DATA_HOME/overlap-autotune/autotune.db`` (``~/.local/share/...`` when unset), as platformdirs does."""
+    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data_home) / APP_DIR_NAME / SQLITE_FILE_NAME
+
+
+def create_engine_for(*, url: str | None = None) -> Engine:
+    """An engine for ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://...``); None means the default SQLite file.
+
+    The SQLite file's folder is created if missing, so a first ``autotune serve`` just works.
+    """
+    if url is None:
+        path = default_sqlite_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{path}"
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(parsed)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(parsed, pool_pre_ping=True)
+
+
+def _sqlite_pragmas(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
+
+
+def session_factory(*, engine: Engine) -> sessionmaker[Session]:
+    """Sessions whose objects stay readable after commit, so storage functions can return them to routes."""
+    return sessionmaker(bind=engine, expire_on_commit=False)

@@ -1,0 +1,1 @@
+"""Alembic scripts of `storage` (a package only so that wheels ship them)."""
