@@ -58,7 +58,8 @@ class OverlapConfig:
     aggregate: bool = False
     """ring_exchange all-gather: two chunks per step (tp >= 4)."""
     use_ce: bool | None = None
-    """ring_exchange: copy-engine pushes into peer buffers (True) or NCCL send/recv kernels (False)."""
+    """ring_exchange (default True) and bulk (default False): copy-engine pushes into peer buffers (True)
+    or NCCL kernels on num_sm SMs (False)."""
     set_sm_margin: bool = False
     """Hold the GEMM to sm_count - num_sm SMs."""
     atomic_gemm: bool = False
@@ -168,11 +169,17 @@ def _check_method(method: Method, gemm: SlotGemm) -> None:
         )
 
 
-def _sm_driven_comm(config: OverlapConfig) -> bool:
-    """Whether the comm runs as SM kernels (NCCL), so num_sm / cga_size shape it."""
+def sm_driven_comm(config: OverlapConfig) -> bool:
+    """Whether the comm runs as SM kernels (NCCL), so num_sm / cga_size shape it.
+
+    ring_exchange defaults to the copy engine (TE's use_ce=True); bulk defaults to TE's SM-driven
+    collective and moves to copy-engine pushes only when use_ce is asked for explicitly.
+    """
     if config.method == Method.RING_EXCHANGE:
         return config.use_ce is False
-    return config.method in (Method.PIPELINE, Method.BULK)
+    if config.method == Method.BULK:
+        return config.use_ce is not True
+    return config.method == Method.PIPELINE
 
 
 def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | None) -> None:
@@ -189,7 +196,7 @@ def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | N
         max_sm = MAX_NUM_SM if limits is None else min(MAX_NUM_SM, limits.sm_count - 1)
         if not 1 <= config.num_sm <= max_sm:
             raise ConfigError("num_sm", f"must be between 1 and {max_sm}", config.num_sm)
-        if not (_sm_driven_comm(config) or config.set_sm_margin):
+        if not (sm_driven_comm(config) or config.set_sm_margin):
             raise ConfigError(
                 "num_sm",
                 "only matters for SM-driven comm (use_ce=false, pipeline, bulk) or with set_sm_margin",
@@ -218,12 +225,12 @@ def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | N
             raise ConfigError(
                 "aggregate", f"needs an even tp >= 4 (two chunks per step, at least two steps), tp={gemm.tp}", True
             )
-    if config.use_ce is not None and method != Method.RING_EXCHANGE:
+    if config.use_ce is not None and method not in (Method.RING_EXCHANGE, Method.BULK):
         raise ConfigError(
-            "use_ce", f"only ring_exchange chooses copy engine vs SM copies, not {method.value}", config.use_ce
+            "use_ce", f"only ring_exchange and bulk choose copy engine vs SM copies, not {method.value}", config.use_ce
         )
     if config.cga_size is not None:
-        if not _sm_driven_comm(config):
+        if not sm_driven_comm(config):
             raise ConfigError(
                 "cga_size", "only shapes SM-driven comm kernels (use_ce=false, pipeline, bulk)", config.cga_size
             )

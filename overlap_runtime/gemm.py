@@ -17,9 +17,11 @@ So ``num_sms`` is a *hard bound*: at most ``num_sms`` programs exist, so the GEM
 carve-out on the cuBLASLt path (the only path that reads it, ``torch_flux.md`` §2.1), a target that
 cuBLASLt's heuristic may turn into a different kernel but that is no guarantee of the SMs it uses.
 
-Measured on H200 (132 SMs, ``h200_anchors.md``): this kernel's shape (no TMA, pointer loads) with
-128x256x64 tiles, 8 warps, 4 stages ran 8192^3 bf16 at 760 TFLOP/s at 132 SMs (cuBLAS parity),
-719 at 124, 707 at 116, 628 at 100 and 437 at 66.
+Measured on one H200 (132 SMs, torch 2.11, Triton 3.6, `bench/gemm_bench.py`, 2026-11-30): 128x256x64
+tiles, 8 warps, 4 stages ran 8192^3 bf16 at 762 TFLOP/s, 1.01x cuBLAS; 0.93-1.01x cuBLAS on the TP=2
+layer GEMMs of the anchor shapes with M >= 4096 or N >= 12288, 0.80-0.86x on the h5120 s2048 ones (M=2048,
+N <= 6912).  Held to 124 / 116 / 100 / 66 SMs it took 1.06 / 1.12 / 1.30 / 1.99x its full-chip time
+(cuBLASLt with the carve-out: 1.03 / 1.09 / 1.30 / 1.98x).
 
 The kernel is launched on the current CUDA stream of ``a``'s device.  With ``TRITON_INTERPRET=1`` set
 before this module is imported, it runs in Triton's interpreter on CPU tensors (the tests do this).
@@ -51,8 +53,8 @@ MAX_INT32_OFFSET = 2**31 - 1
 # Relative speed of one program per tile shape (tile flops per unit time, 128x256 = 1), used by
 # `choose_config` to trade tile efficiency against idle SMs in the last wave.  From `bench/gemm_bench.py`
 # on one H200 (2026-11-30): 128x128 (4 warps) ran at 0.92-0.97 of 128x256's rate on 8192^3 and beat it on
-# 2048x5120x2560 and 2048x2560x5120 (0.098 vs 0.110 / 0.118 ms); 64x128 ran at 0.59 (torch_flux.md §3.3
-# has 726 vs 785 TFLOP/s for 128x128 vs 128x256 in a TMA kernel).  Re-check with the benchmark's sweep.
+# 2048x5120x2560 and 2048x2560x5120 (0.098 vs 0.110 / 0.118 ms); 64x128 ran at 0.59 (measured before the
+# mask-free EVEN_* paths existed).  Re-check with the benchmark's sweep when the kernel changes.
 _TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.92, (64, 128): 0.59}
 
 
@@ -164,11 +166,13 @@ def _persistent_matmul_kernel(
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
+    # Only tl builtins here (no tl.cdiv & co., which are @jit functions of triton.language): then the
+    # interpreter runs this kernel even when triton was imported before TRITON_INTERPRET=1 was set.
     pid = tl.program_id(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     num_tiles = num_pid_m * num_pid_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
     num_pid_in_group = GROUP_M * num_pid_n
     offs_k0 = tl.arange(0, BLOCK_K)
 
@@ -183,7 +187,7 @@ def _persistent_matmul_kernel(
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_m = offs_m < M
+        mask_m = offs_m < M  # masks are applied only where EVEN_* says a dimension can be ragged
         mask_n = offs_n < N
         a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k0[None, :] * stride_ak
         b_ptrs = b_ptr + offs_k0[:, None] * stride_bk + offs_n[None, :] * stride_bn

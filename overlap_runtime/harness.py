@@ -196,6 +196,7 @@ def measure_task(
                 cv=spread(c.samples),
                 repeats=len(c.samples),
                 valid=math.isfinite(c.rel_err) and c.rel_err <= limit,
+                samples=tuple(c.samples),
             )
         )
     return results

@@ -30,6 +30,8 @@ class Measurement:
     repeats: int
     valid: bool
     """False when the output is wrong (rel_err over the limit or not finite): never a best config."""
+    samples: tuple[float, ...] = ()
+    """Every repeat's slowest-rank time (ms): the raw data behind overlap_ms and cv."""
 
     @property
     def exposed_ms(self) -> float:
@@ -42,6 +44,7 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        out["samples"] = list(self.samples)
         out["exposed_ms"] = self.exposed_ms
         out["hidden_frac"] = self.hidden_frac
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
@@ -49,4 +52,6 @@ class Measurement:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: (math.inf if v is None and k != "valid" else v) for k, v in data.items() if k in names})
+        fields = {k: (math.inf if v is None and k != "valid" else v) for k, v in data.items() if k in names}
+        fields["samples"] = tuple(fields.get("samples", ()))
+        return cls(**fields)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import Method, OverlapConfig, sm_driven_comm
 from overlap_runtime.device import CommOptions, Device
 from overlap_runtime.shape import Collective, SlotGemm
 from overlap_runtime.symmetric import ACK, READY, PeerBuffer
@@ -48,7 +48,7 @@ class Plan:
     @classmethod
     def resolve(cls, config: OverlapConfig, dev: Device) -> Plan:
         margin = config.num_sm if config.set_sm_margin else None
-        sm_driven = config.method != Method.RING_EXCHANGE or config.use_ce is False
+        sm_driven = sm_driven_comm(config)
         return cls(
             method=config.method,
             gemm_kind=config.gemm or "cublas",
@@ -59,7 +59,7 @@ class Plan:
                 cga_size=config.cga_size,
                 high_priority=config.comm_priority is not None and config.comm_priority < 0,
             ),
-            use_ce=dev.is_cuda and config.method == Method.RING_EXCHANGE and config.use_ce is not False,
+            use_ce=dev.is_cuda and config.method != Method.NONE and not sm_driven,
             aggregate=config.aggregate,
             num_splits=config.num_splits or 4,
             first_gemm=config.pipeline_rs_overlap_first_gemm,
@@ -197,10 +197,60 @@ def _gemm(dev: Device, plan: Plan) -> Callable[[torch.Tensor, torch.Tensor, torc
 
 
 def _bulk(dev: Device, ops: Operands, plan: Plan) -> None:
-    """TE bulk: the independent collective on NCCL's stream beside one full (SM-limited) GEMM."""
-    work = _independent_collective(dev, ops, plan.comm)
+    """TE bulk: the independent collective on NCCL's stream (num_sm CTAs) beside one full GEMM; with the
+    copy engine, the transfers run on our comm stream instead and take no SM but the final reduction's."""
+    if not plan.use_ce:
+        work = _independent_collective(dev, ops, plan.comm)
+        _gemm(dev, plan)(ops.a, ops.b, ops.out)
+        work.wait()
+        return
+    comm = dev.stream("comm", 0, plan.comm_priority)
+    ready = dev.mark()
+    with dev.on(comm):
+        dev.wait(ready)
+        (_bulk_gather_ce if ops.gemm.collective == Collective.ALL_GATHER else _bulk_scatter_ce)(dev, ops)
     _gemm(dev, plan)(ops.a, ops.b, ops.out)
-    work.wait()
+    _join_stream(dev, comm)
+
+
+def _bulk_gather_ce(dev: Device, ops: Operands) -> None:
+    """On the current (comm) stream: push our shard ``x`` into every peer's gather buffer, collect theirs."""
+    assert ops.x is not None and ops.y is not None
+    p, r = dev.tp, dev.rank
+    buf = ops.peer_buffer("bulk_gathered", tuple(ops.y.shape))
+    e = buf.next_epoch()
+    for d in range(1, p):
+        peer = (r + d) % p
+        buf.wait(peer, ACK, e - 1)
+        buf.peers[peer][ops.chunk(r)].copy_(ops.x, non_blocking=True)
+        buf.signal(peer, READY, e)
+    buf.local[ops.chunk(r)].copy_(ops.x, non_blocking=True)
+    peers = [(r - d) % p for d in range(1, p)]
+    for src in peers:
+        buf.wait(src, READY, e)
+    ops.y.copy_(buf.local, non_blocking=True)
+    for src in peers:
+        buf.signal(src, ACK, e)
+
+
+def _bulk_scatter_ce(dev: Device, ops: Operands) -> None:
+    """On the current (comm) stream: push each owner's rows of ``x`` into its receive slot, then add what
+    arrived for our rows (the only SM work of a copy-engine reduce-scatter)."""
+    assert ops.x is not None and ops.y is not None
+    p, r = dev.tp, dev.rank
+    box = ops.peer_buffer("bulk_received", (p, ops.rows, ops.gemm.hidden))
+    e = box.next_epoch()
+    for d in range(1, p):
+        owner = (r + d) % p
+        box.wait(owner, ACK, e - 1)
+        box.peers[owner][r].copy_(ops.x[ops.chunk(owner)], non_blocking=True)
+        box.signal(owner, READY, e)
+    senders = [(r - d) % p for d in range(1, p)]
+    for src in senders:
+        box.wait(src, READY, e)
+    _reduce(ops.y, ops.x[ops.chunk(r)], [box.local[src] for src in senders])
+    for src in senders:
+        box.signal(src, ACK, e)
 
 
 def _ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:

@@ -79,6 +79,9 @@ def as_runnable(
         )
         if entry.method == Method.RING_EXCHANGE:
             config = _ring_exchange(config)
+        elif entry.method == Method.BULK:
+            # TE's bulk is always SM-driven (CommOverlapBase hard-codes use_ce=false); ours can use the copy engine.
+            config = replace(config, use_ce=False)
     check_config(config, gemm, backend=backend, limits=limits)
     return config
 

@@ -20,9 +20,9 @@ which and why).  Stream priorities (``comm_priority`` / ``gemm_priority``) are l
 sets them and TE's defaults (comm highest, GEMM lowest) are what overlap wants.  ``atomic_gemm`` and
 ``fp8_buf`` are left out because the runtime runs bf16 GEMMs only.
 
-Grid sizes on an H100/H200 (64-SM cap), hidden 8192, tp 8: an all-gather slot 249 configs, a bulk wgrad
-slot 105, proj_fprop 405, qkv_dgrad 509 (bulk, ring_exchange and pipeline).  The pipeline grid grows with
-the divisors of the width: hidden 12288 (splits 2, 3, 4, 6, 8, 12, 16) gives proj_fprop 645, qkv_dgrad 749.
+Grid sizes on an H100/H200 (64-SM cap), hidden 8192, tp 8: an all-gather slot 373 configs, a bulk wgrad
+slot 127, proj_fprop 467, qkv_dgrad 593 (bulk, ring_exchange and pipeline).  The pipeline grid grows with
+the divisors of the width (hidden 12288: splits 2, 3, 4, 6, 8, 12, 16).
 CPU spaces hold at most about twenty configs.
 """
 
@@ -229,7 +229,7 @@ def _ring_exchange(space: SlotSpace, gemm: SlotGemm) -> Tree:
     if not knobs["use_ce"] or knobs["set_sm_margin"]:
         knobs["num_sm"] = yield space.params["num_sm"]
     knobs["gemm"] = yield space.params["gemm"]
-    knobs["num_max_streams"] = yield from _streams(space, knobs["gemm"], steps)
+    knobs["num_max_streams"] = yield from _streams(space, steps, always=knobs["use_ce"] and steps >= 2)
     return knobs
 
 
@@ -250,18 +250,30 @@ def _pipeline(space: SlotSpace, gemm: SlotGemm) -> Tree:
     knobs["set_sm_margin"] = True
     knobs["cga_size"] = min(te_defaults(space.slot, Method.PIPELINE)["cga_size"], knobs["num_sm"])
     knobs["gemm"] = yield space.params["gemm"]
-    knobs["num_max_streams"] = yield from _streams(space, knobs["gemm"], knobs["num_splits"])
+    if knobs["gemm"] == "triton":
+        knobs["num_max_streams"] = yield from _streams(space, knobs["num_splits"], always=False)
+    else:
+        knobs["num_max_streams"] = min(TE_NUM_MAX_STREAMS, knobs["num_splits"])
     return knobs
 
 
 def _bulk(space: SlotSpace, gemm: SlotGemm) -> Tree:
-    """One long comm kernel beside one full GEMM: its SMs, their cluster shape and the margin are the knobs.
+    """One independent collective beside one full GEMM: copy-engine pushes (our runtime's) or TE's SM
+    kernel, whose SMs, cluster shape and margin are the knobs.
 
     cga_size is asked from num_sm 4 on, where every cluster size fits; below, it is TE's 2 capped at num_sm.
     """
     if space.cpu:
         return {}
     knobs: dict[str, Any] = {}
+    knobs["use_ce"] = yield space.params["use_ce"]
+    if knobs["use_ce"]:
+        # Copy-engine pushes take no SM: num_sm only means the SMs a margin keeps off the GEMM.
+        knobs["set_sm_margin"] = yield space.params["set_sm_margin"]
+        if knobs["set_sm_margin"]:
+            knobs["num_sm"] = yield space.params["num_sm"]
+        knobs["gemm"] = yield space.params["gemm"]
+        return knobs
     knobs["num_sm"] = num_sm = yield space.params["num_sm"]
     knobs["set_sm_margin"] = yield space.params["set_sm_margin"]
     if num_sm >= max(CGA_SIZES):
@@ -272,14 +284,15 @@ def _bulk(space: SlotSpace, gemm: SlotGemm) -> Tree:
     return knobs
 
 
-def _streams(space: SlotSpace, gemm: str, chunks: int) -> Generator[Param, Any, int]:
-    """Compute streams for ``chunks`` chunk GEMMs: TE's min(3, chunks) with cuBLAS, a knob with our GEMM.
+def _streams(space: SlotSpace, chunks: int, *, always: bool) -> Generator[Param, Any, int]:
+    """Compute streams the ``chunks`` chunk GEMMs rotate over; TE fixes min(3, chunks).
 
-    With gemm="cublas" a config runs as TE runs it (TE has no stream knob), so what it measures carries
-    over to the exported preset as is; the stream count is explored with our Triton GEMM.  Below 3 chunks
-    the choices would collapse (streams beyond the chunk count are never used), so it is not asked.
+    Copy-engine ring exchange asks it ``always``: on the H200s one stream often wins at tp=2 even with
+    cuBLAS (bench/results), which TE's fixed count never tries.  Pipeline asks it with our Triton GEMM only, where
+    the streams decide how its SM-bounded chunks overlap; with cuBLAS it runs as TE runs it, which also
+    keeps the pipeline grids (the largest of the catalog) to a few hundred configs.
     """
-    if gemm == "triton" and chunks >= len(STREAMS):
+    if always or chunks >= len(STREAMS):
         return (yield space.params["num_max_streams"])
     return min(TE_NUM_MAX_STREAMS, chunks)
 
