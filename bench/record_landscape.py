@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.environment import environment  # noqa: E402
-from bench.overlap_bench import ANCHORS  # noqa: E402
-from overlap_runtime.errors import TrialFailure  # noqa: E402
-from overlap_runtime.runtime import Runtime  # noqa: E402
-from overlap_runtime.shape import ModelShape, Slot  # noqa: E402
-from search_spaces.space import slot_space  # noqa: E402
+from bench.environment import environment
+from bench.overlap_bench import ANCHORS
+from overlap_runtime.errors import TrialFailure
+from overlap_runtime.runtime import Runtime
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces.space import slot_space
 
 
 def record(rt: Runtime, shape: ModelShape, slot: Slot, *, repeats: int) -> dict:
