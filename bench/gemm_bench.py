@@ -2,7 +2,7 @@
 
 Run from the repository root (the script puts the root on ``sys.path`` itself):
 
-    python bench/gemm_bench.py --out bench/results/gemm_h200.json    # CUDA, ~1-2 min on one H200
+    python bench/gemm_bench.py --out bench/results/gemm_h200.json    # CUDA, under a minute on one H200
     python bench/gemm_bench.py --dry-run [--out X.json]              # no CUDA: list the shapes
 
 What it measures (bf16, random normal inputs, fp32 accumulate):

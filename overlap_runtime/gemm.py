@@ -166,7 +166,7 @@ def _persistent_matmul_kernel(
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
-    # Only tl builtins here (no tl.cdiv & co., which are @jit functions of triton.language): then the
+    # Only tl builtins here (no tl.cdiv, tl.zeros & co., @jit functions of triton.language): then the
     # interpreter runs this kernel even when triton was imported before TRITON_INTERPRET=1 was set.
     pid = tl.program_id(axis=0)
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
@@ -192,7 +192,7 @@ def _persistent_matmul_kernel(
         a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k0[None, :] * stride_ak
         b_ptrs = b_ptr + offs_k0[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
         for ki in range(k_tiles):
             mask_k = offs_k0 < K - ki * BLOCK_K
             a = _load_block(a_ptrs, mask_m, mask_k, EVEN_M, EVEN_K)

@@ -2,7 +2,10 @@
 
 `@triton.jit` picks the interpreter when the decorated module is imported, so TRITON_INTERPRET=1 is set
 here before `overlap_runtime.gemm` is imported; if another test module imported it earlier without the
-variable, `_load_gemm` re-imports it.  Sizes stay small: the interpreter runs every program in numpy.
+variable, `_load_gemm` re-executes it (``importlib.reload``: same module object, new kernel objects).
+That is enough because the kernel calls only tl builtins: triton's own @jit helpers (tl.cdiv, tl.zeros, ...)
+stay compiled-mode objects when triton was imported first, and the interpreter cannot call those.
+Sizes stay small: the interpreter runs every program in numpy.
 """
 
 from __future__ import annotations
@@ -334,3 +337,26 @@ def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: object) -> None:
     dims = [(s["m"], s["n"], s["k"]) for s in data["shapes"]]
     assert dims[0] == (8192, 8192, 8192) and len(dims) == len(set(dims))
     assert (4096, 6144, 4096) in dims  # h4096 s4096 qkv_fprop at TP=2
+
+
+def test_interpreter_runs_the_kernel_even_when_triton_was_imported_first() -> None:
+    """A suite where another test imported overlap_runtime (and triton) before this module set the variable."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+import importlib.util, os, torch
+import overlap_runtime.gemm  # compiled mode: triton.language's @jit helpers are compiled-mode objects now
+spec = importlib.util.spec_from_file_location("test_gemm_late", "tests/test_gemm.py")
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)  # sets TRITON_INTERPRET=1 and reloads overlap_runtime.gemm
+module.test_matches_float64_on_odd_shapes((67, 45, 33), torch.bfloat16, 3)
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
