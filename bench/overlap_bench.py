@@ -51,6 +51,9 @@ def grid() -> list[OverlapConfig]:
                 OverlapConfig(method=Method.PIPELINE, num_splits=splits, num_sm=sms, set_sm_margin=True, gemm="triton")
             )
         configs.append(OverlapConfig(method=Method.PIPELINE, num_splits=splits, num_sm=16, gemm="cublas"))
+    for gemm in ("cublas", "triton"):
+        configs.append(OverlapConfig(method=Method.BULK, use_ce=True, gemm=gemm))
+    configs.append(OverlapConfig(method=Method.BULK, use_ce=True, num_sm=8, set_sm_margin=True, gemm="triton"))
     for sms in (8, 16, 32):
         configs.append(OverlapConfig(method=Method.BULK, num_sm=sms, set_sm_margin=True, gemm="triton"))
         configs.append(OverlapConfig(method=Method.BULK, num_sm=sms, gemm="cublas"))
