@@ -1,0 +1,80 @@
+"""The configs every study measures first, before the sampler proposes anything.
+
+They answer the questions a user asks before "what is best": is overlap worth it at all (no overlap), what
+does TE do by itself (its default), what would copying NVIDIA's nearest preset give (or one we tuned
+before), and do the winners of neighbouring shapes carry over (warm start).  They also seed TPE with good
+points, which is most of why it needs few trials.  A baseline that cannot run here (a preset knob the
+runtime lacks, a config outside the space) is skipped, and the reason is kept for the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from autotune.gpu import preset_gpu_name
+from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.errors import InputError
+from search_spaces.defaults import as_runnable, te_default
+from search_spaces.registry import nearest
+from search_spaces.space import SlotSpace
+
+NONE = "none"
+TE_DEFAULT = "te_default"
+PRESET = "preset"
+WARM_START = "warm_start"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Baseline:
+    """One config to enqueue, and every reason it is a baseline (TE's default may also be the preset's)."""
+
+    config: OverlapConfig
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Baselines:
+    configs: tuple[Baseline, ...]
+    """Distinct configs in the order they are measured: none, TE default, preset, warm starts."""
+    skipped: tuple[str, ...]
+    """One line per baseline left out, saying why."""
+
+
+def baselines(space: SlotSpace, *, gpu: str, warm_start: Sequence[OverlapConfig] = ()) -> Baselines:
+    """The baselines of ``space``'s slot on ``gpu``, deduplicated, each checked against the space."""
+    sources: list[tuple[str, Callable[[], OverlapConfig]]] = [
+        (NONE, lambda: OverlapConfig(method=Method.NONE)),
+        (TE_DEFAULT, lambda: te_default(space.shape, space.slot, backend=space.backend, limits=space.limits)),
+        (PRESET, lambda: nearest_preset_config(space, gpu=gpu)),
+    ]
+    sources += [(WARM_START, lambda c=config: c) for config in warm_start]
+    found: dict[OverlapConfig, list[str]] = {}
+    skipped: list[str] = []
+    for label, make in sources:
+        try:
+            config = make()
+        except InputError as e:
+            skipped.append(f"{label}: {e}")
+            continue
+        if config not in space:
+            skipped.append(f"{label}: {config.to_dict()} is not in the search space of {space.slot.value}")
+            continue
+        found.setdefault(config, []).append(label)
+    return Baselines(
+        configs=tuple(Baseline(config=c, labels=tuple(labels)) for c, labels in found.items()),
+        skipped=tuple(skipped),
+    )
+
+
+def nearest_preset_config(space: SlotSpace, *, gpu: str) -> OverlapConfig:
+    """The nearest known preset's entry for the slot, as a runtime config (InputError when there is none)."""
+    preset, distance = nearest(space.shape, gpu=preset_gpu_name(gpu), dtype=space.shape.dtype)
+    entry = preset.configs.get(space.slot)
+    where = f"{preset.source} (distance {distance:.2f})"
+    if entry is None:
+        raise InputError(where, f"has no entry for {space.slot.value}")
+    try:
+        return as_runnable(space.shape, space.slot, entry, backend=space.backend, limits=space.limits)
+    except InputError as e:
+        raise InputError(where, f"is not runnable here ({e})") from None

@@ -1,0 +1,74 @@
+"""`autotune tune`: every layer slot of one shape, tuned on this machine; the logic is `autotune.local`."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from autotune import local
+from autotune.cli.measure import default_backend
+from autotune.report import outcome_table
+from overlap_runtime.shape import ModelShape
+
+PIPE_WIDTH = 200
+"""Table width when printing to a pipe or a file: rich's 80 columns would cut the knobs off."""
+
+
+def tune(
+    hidden: Annotated[int, typer.Option()],
+    tp: Annotated[int, typer.Option()],
+    seq: Annotated[int, typer.Option()],
+    mbs: Annotated[int, typer.Option()] = 1,
+    ffn_hidden: Annotated[int | None, typer.Option()] = None,
+    num_heads: Annotated[int | None, typer.Option()] = None,
+    num_query_groups: Annotated[int | None, typer.Option()] = None,
+    dtype: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
+    layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,proj_fprop)")] = "all",
+    trials: Annotated[int, typer.Option(min=1, help="Configs measured per slot at most")] = local.DEFAULT_TRIALS,
+    backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
+    db: Annotated[str | None, typer.Option(help="Database URL (default: the local SQLite file)")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for the NeMo YAML and the TE dict")] = Path("presets"),
+    gpu: Annotated[str | None, typer.Option(help="GPU model name to key results by (default: GPU 0's)")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed, for reproducible searches")] = None,
+) -> None:
+    """Tune every layer slot of a shape locally; run it again with the same arguments to resume."""
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops like Ctrl-C: the TP group is shut down, exit 130
+    shape = ModelShape(
+        hidden=hidden,
+        tp=tp,
+        mbs=mbs,
+        seq=seq,
+        ffn_hidden=ffn_hidden,
+        num_heads=num_heads,
+        num_query_groups=num_query_groups,
+        dtype=dtype,
+    )
+    request = local.TuneRequest(
+        shape=shape,
+        out=out,
+        layers=None if layers.strip() == "all" else [name.strip() for name in layers.split(",")],
+        n_trials=trials,
+        backend=backend or default_backend(),
+        db=db,
+        gpu=gpu,
+        seed=seed,
+    )
+    console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    report = local.tune(request, console=console)
+    console.print(outcome_table(report))
+    for path in report.files:
+        console.print(f"wrote {path}")
+    if not report.ok:
+        failed = ", ".join(slot.value for slot, o in report.outcomes.items() if o is None)
+        print(f"error: no config ran correctly for {failed}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

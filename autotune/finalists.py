@@ -1,0 +1,74 @@
+"""Noise control: the best configs of the search are re-measured together before a winner is declared.
+
+On the GPU machines the same GEMM moved from 1.39 to 1.70 ms back to back (h200_anchors.md), so the search's
+ranking, one short measurement per config taken minutes apart, cannot pick between configs a few percent
+apart.  The finalists (the top overlap configs, no overlap, and TE's default) run as one batch, interleaved
+over several rounds (A B C A B C ...), with more repeats: drift hits them alike, and the winner, the
+"gain vs TE default" and the "gain vs no overlap" all come from numbers taken side by side.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from optuna.trial import TrialState
+
+from autotune.baselines import NONE, TE_DEFAULT
+from autotune.history import History
+from autotune.outcome import SlotOutcome
+from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.measurement import Measurement
+from overlap_runtime.shape import Slot
+
+TOP_K = 3
+"""Overlap configs carried into the finalist batch."""
+
+
+def measurement_failure(measurement: Measurement) -> str | None:
+    """Why ``measurement`` cannot count as a time (wrong numbers, no finite time); None when it can."""
+    if not measurement.valid:
+        return f"wrong result: rel_err {measurement.rel_err:.3g} against the serial reference"
+    if not math.isfinite(measurement.overlap_ms):
+        return f"no finite time: overlap_ms {measurement.overlap_ms}"
+    return None
+
+
+def choose_finalists(history: History, *, top_k: int = TOP_K) -> tuple[OverlapConfig, ...]:
+    """The ``top_k`` fastest overlap configs, then no overlap and TE's default where they ran correctly."""
+    ranked = [r.config for r in history.ranked() if r.config is not None]
+    overlaps = [c for c in ranked if c.method != Method.NONE][:top_k]
+    references = [history.with_label(label) for label in (NONE, TE_DEFAULT)]
+    extras = [r.config for r in references if r is not None and r.config is not None and r.state == TrialState.COMPLETE]
+    return tuple(dict.fromkeys([*overlaps, *extras]))
+
+
+def decide(
+    *,
+    slot: Slot,
+    candidates: Sequence[tuple[OverlapConfig, Measurement]],
+    te_default: OverlapConfig | None,
+    n_trials: int,
+    n_failed: int,
+    notes: Sequence[str] = (),
+) -> SlotOutcome | None:
+    """The fastest valid candidate (its cv is the spread), the fastest that overlaps, and TE's default among
+    them; None when no candidate ran correctly."""
+    usable = [(c, m) for c, m in candidates if measurement_failure(m) is None]
+    if not usable:
+        return None
+    best, best_m = min(usable, key=lambda cm: cm[1].overlap_ms)
+    overlaps = [(c, m) for c, m in usable if c.method != Method.NONE]
+    best_overlap, best_overlap_m = min(overlaps, key=lambda cm: cm[1].overlap_ms) if overlaps else (None, None)
+    return SlotOutcome(
+        slot=slot,
+        best=best,
+        best_measurement=best_m,
+        best_overlap=best_overlap,
+        best_overlap_measurement=best_overlap_m,
+        te_default_measurement=next((m for c, m in usable if c == te_default), None),
+        spread=best_m.cv,
+        n_trials=n_trials,
+        n_failed=n_failed,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,34 @@
+"""GPU names: the model name results are keyed by, and the short name preset files carry.
+
+Results are keyed by the full model name NVML reports ("NVIDIA H200"), as workers report it to the service;
+preset file names carry NVIDIA's short form ("h100"), which `search_spaces` also uses to find the nearest
+preset.  The CPU backend is named "cpu" in both.
+"""
+
+from __future__ import annotations
+
+import re
+
+CPU = "cpu"
+_MODEL = re.compile(r"\b([a-z]{1,2}\d{2,4}[a-z]?)\b")
+"""NVIDIA's model token: h100, h200, a100, b200, gb200, l40s ..."""
+
+
+def device_gpu_name(*, backend: str) -> str:
+    """The model name of GPU 0 (via NVML, so this process never initialises CUDA before the ranks fork), or "cpu"."""
+    if backend == CPU:
+        return CPU
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def preset_gpu_name(gpu: str) -> str | None:
+    """The short name a preset file uses for ``gpu`` ("NVIDIA H200" -> "h200"); None when there is none."""
+    found = _MODEL.search(gpu.lower())
+    return found.group(1) if found else (CPU if gpu.lower() == CPU else None)

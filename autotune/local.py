@@ -1,0 +1,196 @@
+"""The local driver behind `autotune tune`: every slot of one shape, tuned on this machine's TP group.
+
+One `Runtime` measures for all slots (its process group starts once); each slot has its `SlotStudy` in the
+same Optuna storage the service uses (the storage package's SQLite file by default), so a tune that was
+interrupted resumes where it stopped when run again with the same arguments: the studies have the same
+names, completed trials are read back instead of measured, and proposals that were out when the process
+died are measured first.  The winners go to the service's best-config table, the NeMo YAML and the TE dict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import optuna
+from rich.console import Console
+from rich.progress import Progress, TaskID
+from sqlalchemy import Engine
+
+from autotune.gpu import device_gpu_name, preset_gpu_name
+from autotune.outcome import SlotOutcome
+from autotune.proposal import Proposal, Purpose
+from autotune.studies import SlotStudy
+from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.errors import ConfigError, TrialFailure
+from overlap_runtime.measurement import Measurement
+from overlap_runtime.runtime import Runtime
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces.catalog import tunable_slots
+from search_spaces.export import preset_from_results
+from search_spaces.nemo_yaml import preset_file_name, write_nemo
+from search_spaces.presets import Preset
+from search_spaces.te_dict import to_te_dict
+from storage import create_engine_for, session_factory, upgrade, upsert_best
+
+DEFAULT_TRIALS = 60
+"""Configs measured per slot at most (baselines included; the finalist batch comes on top)."""
+SQLITE_TIMEOUT_S = 30
+
+
+class Measurer(Protocol):
+    """What measures proposals: `Runtime` on GPUs or CPU, `autotune.replay.ReplayBackend` from landscapes."""
+
+    def measure_many(
+        self,
+        shape: ModelShape,
+        slot: Slot,
+        configs: list[OverlapConfig],
+        *,
+        repeats: int = ...,
+        warmup: int = ...,
+        rounds: int = ...,
+    ) -> list[Measurement]: ...
+
+
+def drive(
+    study: SlotStudy, *, measurer: Measurer, on_told: Callable[[Proposal], None] | None = None
+) -> SlotOutcome | None:
+    """Measure and tell until ``study`` is decided; proposals left out by a killed run go first."""
+    pending = list(study.outstanding())
+    while (proposal := pending.pop(0) if pending else study.ask()) is not None:
+        try:
+            measured = measurer.measure_many(
+                study.shape, study.slot, list(proposal.configs), repeats=proposal.repeats, rounds=proposal.rounds
+            )
+        except TrialFailure as e:
+            study.tell(proposal, failure=e.reason)
+        except ConfigError as e:  # a baseline the runtime refuses on this device: a failed trial, not bad input
+            study.tell(proposal, failure=f"refused by the runtime: {e}")
+        else:
+            study.tell(proposal, measurements=measured)
+        if on_told is not None:
+            on_told(proposal)
+    return study.outcome()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneRequest:
+    shape: ModelShape
+    out: Path
+    """Folder for the NeMo YAML and the TE dict (created if missing)."""
+    layers: Sequence[str] | None = None
+    """Slot names; None for every tunable slot."""
+    n_trials: int = DEFAULT_TRIALS
+    backend: str = "cpu"
+    db: str | None = None
+    """Database URL shared with the service; None for the storage package's default SQLite file."""
+    gpu: str | None = None
+    """GPU model name results are keyed by; None: NVML's name of GPU 0, or "cpu"."""
+    seed: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneReport:
+    shape: ModelShape
+    gpu: str
+    outcomes: dict[Slot, SlotOutcome | None]
+    """None for a slot where no config ran correctly."""
+    reasons: dict[Slot, str]
+    """Each study's last word: why it stopped or how it decided."""
+    files: tuple[Path, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(o is not None for o in self.outcomes.values())
+
+
+def tune(request: TuneRequest, *, console: Console) -> TuneReport:
+    """Tune every requested slot; bad input (shape, layers, backend) raises `InputError` before anything runs."""
+    shape = request.shape
+    slots = tunable_slots(shape, request.layers)
+    with Runtime(tp=shape.tp, backend=request.backend) as runtime:
+        for slot in slots:  # the runtime's shape rules (tp, dtype) as an InputError now, not as failed trials
+            runtime.check(shape, slot, OverlapConfig(method=Method.NONE))
+        gpu = request.gpu or device_gpu_name(backend=request.backend)
+        engine = create_engine_for(url=request.db)
+        upgrade(engine=engine)
+        storage = _optuna_storage(engine)
+        studies = {slot: _study(request, slot, storage=storage, gpu=gpu, runtime=runtime) for slot in slots}
+        with _progress(console) as bars:
+            for slot, study in studies.items():
+                task = bars.add_task(slot.value, total=request.n_trials + 1)
+                drive(study, measurer=runtime, on_told=lambda p, s=study, t=task: _advance(bars, t, s, p))
+                bars.update(task, completed=request.n_trials + 1)
+    outcomes = {slot: study.outcome() for slot, study in studies.items()}
+    reasons = {slot: study.progress().note or "" for slot, study in studies.items()}
+    decided = {slot: o for slot, o in outcomes.items() if o is not None}
+    files: tuple[Path, ...] = ()
+    if decided:
+        results = {slot: outcome.slot_result() for slot, outcome in decided.items()}
+        files = _write_preset(preset_from_results(shape, results, gpu=preset_gpu_name(gpu)), request.out)
+        _record_best(engine=engine, gpu=gpu, shape=shape, outcomes=decided)
+    engine.dispose()
+    return TuneReport(shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files)
+
+
+def _optuna_storage(engine: Engine) -> optuna.storages.RDBStorage:
+    """Optuna's tables in our database; SQLite writers wait for the lock instead of failing at once."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one INFO line per trial would drown the bars
+    connect = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if engine.dialect.name == "sqlite" else {}
+    return optuna.storages.RDBStorage(engine.url.render_as_string(hide_password=False), engine_kwargs=connect)
+
+
+def _study(
+    request: TuneRequest, slot: Slot, *, storage: optuna.storages.BaseStorage, gpu: str, runtime: Runtime
+) -> SlotStudy:
+    return SlotStudy(
+        storage=storage,
+        gpu=gpu,
+        shape=request.shape,
+        slot=slot,
+        backend=request.backend,
+        limits=runtime.limits,
+        n_trials=request.n_trials,
+        seed=request.seed,
+    )
+
+
+@contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    """One bar per slot, only on a terminal (pipes and CI logs get the table alone)."""
+    with Progress(console=console, disable=not console.is_terminal) as bars:
+        yield bars
+
+
+def _advance(bars: Progress, task: TaskID, study: SlotStudy, proposal: Proposal) -> None:
+    progress = study.progress()
+    done = progress.measured + (proposal.purpose == Purpose.FINALIST)
+    bars.update(task, completed=done, description=f"{study.slot.value} ({progress.phase})")
+
+
+def _write_preset(preset: Preset, out: Path) -> tuple[Path, ...]:
+    out.mkdir(parents=True, exist_ok=True)
+    yaml_path = out / preset_file_name(preset)
+    yaml_path.write_text(write_nemo(preset), encoding="utf-8")
+    te_path = yaml_path.with_suffix(".json")
+    te_path.write_text(json.dumps(to_te_dict(preset), indent=2) + "\n", encoding="utf-8")
+    return yaml_path, te_path
+
+
+def _record_best(*, engine: Engine, gpu: str, shape: ModelShape, outcomes: dict[Slot, SlotOutcome]) -> None:
+    with session_factory(engine=engine)() as session:
+        for slot, outcome in outcomes.items():
+            upsert_best(
+                session=session,
+                gpu=gpu,
+                shape=shape,
+                slot=slot.value,
+                config=outcome.best.to_dict(),
+                measurement=outcome.best_measurement.to_dict(),
+                spread={"cv": outcome.spread, "repeats": outcome.best_measurement.repeats},
+            )

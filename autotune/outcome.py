@@ -1,0 +1,103 @@
+"""The decision for one slot, and the gains it is worth, as the CLI table and the service report them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from overlap_runtime.config import OverlapConfig
+from overlap_runtime.measurement import Measurement
+from overlap_runtime.shape import Slot
+from search_spaces.export import SlotResult
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotOutcome:
+    """The winner of one slot, measured interleaved beside the other finalists, and what it beat.
+
+    Every measurement here comes from the finalist batch (same rounds, same moments), so the gains compare
+    numbers taken together; only when the finalists could not be re-measured do they come from the search,
+    and ``notes`` says so.
+    """
+
+    slot: Slot
+    best: OverlapConfig
+    """The fastest valid config; `Method.NONE` when no overlap was faster."""
+    best_measurement: Measurement
+    best_overlap: OverlapConfig | None
+    """The fastest valid config that overlaps (what a preset carries when none wins); may equal best."""
+    best_overlap_measurement: Measurement | None
+    te_default_measurement: Measurement | None
+    """TE's default config for the slot, re-measured with the finalists; None when it failed or was not run."""
+    spread: float
+    """The winner's cv over its finalist repeats (std / mean)."""
+    n_trials: int
+    """Configs measured during the search (baselines included, duplicates and finalists not)."""
+    n_failed: int
+    """Of those, configs that crashed, hung or computed wrong numbers."""
+    notes: tuple[str, ...] = ()
+    """Why a baseline was skipped, why the finalists were not re-measured, ..."""
+
+    @property
+    def gain_vs_te_default(self) -> float | None:
+        """Share of TE's default time saved by the winner (0.2 = 20% faster); None without a TE default."""
+        if self.te_default_measurement is None:
+            return None
+        return _saved(self.te_default_measurement.overlap_ms, self.best_measurement.overlap_ms)
+
+    @property
+    def gain_vs_serial(self) -> float:
+        """Share of the serial (collective then GEMM) time saved by the winner."""
+        return _saved(self.best_measurement.serial_ms, self.best_measurement.overlap_ms)
+
+    def slot_result(self) -> SlotResult:
+        """What `search_spaces.export.preset_from_results` needs from this slot."""
+        overlap = self.best_overlap_measurement
+        return SlotResult(
+            best=self.best,
+            best_ms=self.best_measurement.overlap_ms,
+            best_overlap=self.best_overlap,
+            best_overlap_ms=None if overlap is None else overlap.overlap_ms,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot.value,
+            "best": self.best.to_dict(),
+            "best_measurement": self.best_measurement.to_dict(),
+            "best_overlap": _optional(self.best_overlap),
+            "best_overlap_measurement": _optional(self.best_overlap_measurement),
+            "te_default_measurement": _optional(self.te_default_measurement),
+            "spread": self.spread,
+            "n_trials": self.n_trials,
+            "n_failed": self.n_failed,
+            "notes": list(self.notes),
+            "gain_vs_te_default": self.gain_vs_te_default,
+            "gain_vs_serial": self.gain_vs_serial,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SlotOutcome:
+        def measurement(key: str) -> Measurement | None:
+            return None if data.get(key) is None else Measurement.from_dict(data[key])
+
+        return cls(
+            slot=Slot(data["slot"]),
+            best=OverlapConfig.from_dict(data["best"]),
+            best_measurement=Measurement.from_dict(data["best_measurement"]),
+            best_overlap=None if data.get("best_overlap") is None else OverlapConfig.from_dict(data["best_overlap"]),
+            best_overlap_measurement=measurement("best_overlap_measurement"),
+            te_default_measurement=measurement("te_default_measurement"),
+            spread=float(data["spread"]),
+            n_trials=int(data["n_trials"]),
+            n_failed=int(data["n_failed"]),
+            notes=tuple(data.get("notes", ())),
+        )
+
+
+def _saved(before_ms: float, after_ms: float) -> float:
+    return (before_ms - after_ms) / before_ms if before_ms > 0 else 0.0
+
+
+def _optional(value: OverlapConfig | Measurement | None) -> dict[str, Any] | None:
+    return None if value is None else value.to_dict()

@@ -1,0 +1,75 @@
+"""A unit of work the tuner hands out: configs to measure on one slot, and how often.
+
+A proposal is plain data so the service can store it in its trial row, hand it to a worker over REST and
+give it back to `SlotStudy.tell` after a controller restart: `to_dict` / `from_dict` round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from overlap_runtime.config import OverlapConfig
+from overlap_runtime.errors import InputError
+
+
+class Purpose(enum.StrEnum):
+    """Why the tuner wants the measurement (the service's `storage.TrialPurpose` has the same values)."""
+
+    BASELINE = "baseline"
+    """A known config enqueued before any sampling: no overlap, TE's default, a preset, a warm start."""
+    SEARCH = "search"
+    """A config the sampler proposed."""
+    FINALIST = "finalist"
+    """The top configs re-measured together, interleaved, before the winner is declared."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Proposal:
+    """Configs to measure for one slot: one for a baseline or search trial, several for the finalists."""
+
+    number: int
+    """The Optuna trial this proposal tells into (finalists too: their batch holds a trial of its own)."""
+    configs: tuple[OverlapConfig, ...]
+    """Measure these together (``measure_many``), in this order; finalists interleaved over ``rounds``."""
+    purpose: Purpose
+    repeats: int
+    """Timed repeats per config and round."""
+    rounds: int = 1
+    """Interleaved rounds (A B C A B C ...): 1 except for finalists."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "purpose", Purpose(self.purpose))
+        object.__setattr__(self, "configs", tuple(self.configs))
+        if not self.configs:
+            raise InputError("configs", "must hold at least one config")
+        for name in ("repeats", "rounds"):
+            if getattr(self, name) < 1:
+                raise InputError(name, "must be a positive integer", getattr(self, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "configs": [c.to_dict() for c in self.configs],
+            "purpose": self.purpose.value,
+            "repeats": self.repeats,
+            "rounds": self.rounds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Proposal:
+        try:
+            return cls(
+                number=int(data["number"]),
+                configs=tuple(OverlapConfig.from_dict(c) for c in data["configs"]),
+                purpose=Purpose(data["purpose"]),
+                repeats=int(data["repeats"]),
+                rounds=int(data.get("rounds", 1)),
+            )
+        except KeyError as e:
+            raise InputError(f"proposal.{e.args[0]}", "is required") from None
+        except ValueError as e:
+            if isinstance(e, InputError):
+                raise
+            raise InputError("proposal", str(e)) from None
