@@ -9,12 +9,17 @@ import sys
 
 import typer
 
-from autotune.cli import measure, preset
+from autotune.cli import client, measure, preset, serve, tune, worker
 from overlap_runtime.errors import InputError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 app.command("measure")(measure.measure)
 app.add_typer(preset.app, name="preset")
+app.command("serve")(serve.serve)
+app.command("worker")(worker.worker)
+app.command("tune")(tune.tune)
+for _command in (client.submit, client.status, client.best, client.export, client.cancel):
+    app.command()(_command)
 
 
 def main() -> None:

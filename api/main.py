@@ -1,0 +1,83 @@
+"""The app factory: one `Settings` in, one FastAPI app out, with its database, registry and scheduler.
+
+Start-up migrates the database (safe on every start and with several controllers at once) and, unless
+``settings.scheduler`` is off, runs the scheduler loop on a background thread for the app's lifetime.
+``uvicorn --factory api.main:app_from_env`` serves a controller configured only by ``AUTOTUNE_*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+import storage
+from api import errors
+from api.cache import AnswerCache
+from api.routes import best, dashboard, health, jobs, presets, workers
+from api.schemas import ErrorPublic
+from api.settings import Settings
+from autotune.scheduler import SchedulerThread
+from search_spaces import PresetRegistry
+
+COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorPublic, "description": "A body that is not JSON"},
+    422: {"model": ErrorPublic, "description": "Invalid input: each item names the field and the rule"},
+}
+"""Documented on every operation, replacing FastAPI's default 422 schema: our 4xx bodies all look alike."""
+
+API_DESCRIPTION = """Measures TransformerEngine TP comm-GEMM overlap configs on your GPUs and returns the winners.
+
+Writes and worker calls need `Authorization: Bearer <token>` (the controller's `AUTOTUNE_TOKEN`).
+Every 4xx answers `{"detail": [{"field", "rule", "value"}]}`."""
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """A controller app for ``settings``; raises `InputError` when its auth settings are unsafe."""
+    settings.check_auth()
+    engine = storage.create_engine_for(url=settings.db_url)
+    # The scheduler gets a pool of its own: requests never wait behind it, nor it behind a burst of requests.
+    scheduler_engine = storage.create_engine_for(url=settings.db_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        storage.upgrade(engine=engine)
+        loop = None
+        if settings.scheduler:
+            loop = SchedulerThread(
+                engine=scheduler_engine,
+                interval_s=settings.scheduler_interval_s,
+                heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                queue_depth=settings.queue_depth,
+            )
+            loop.start()
+        try:
+            yield
+        finally:
+            if loop is not None:
+                loop.stop()
+            scheduler_engine.dispose()
+            engine.dispose()
+
+    app = FastAPI(
+        title="overlap autotune",
+        description=API_DESCRIPTION,
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = storage.session_factory(engine=engine)
+    app.state.registry = PresetRegistry.with_nvidia()
+    app.state.best_cache = AnswerCache(ttl_s=settings.best_cache_s)
+    errors.install(app)
+    for module in (jobs, best, presets, workers, health, dashboard):
+        app.include_router(module.router, responses=COMMON_RESPONSES)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """The app configured by the environment alone (``AUTOTUNE_TOKEN``, ``AUTOTUNE_DB_URL``, ...)."""
+    return create_app(Settings())

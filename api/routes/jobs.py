@@ -1,0 +1,152 @@
+"""Tuning jobs: submit (202 and a status URL to poll), list, look at, cancel, page through trials, follow live.
+
+A job is only written here; the scheduler (`autotune.scheduler`) picks it up, creates one study per slot and
+hands its trials to workers.  Cancel is best effort, as in Google's long-running operations: trials already
+running finish and are kept, nothing new starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Response, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+import storage
+from api.deps import Authorized, SessionDep, SessionsDep, SettingsDep
+from api.schemas import ErrorPublic, JobAccepted, JobCreate, JobPublic, JobsPage, JobSummary, TrialsPage
+from api.views import job_view, trial_view
+from search_spaces import tunable_slots
+from storage import Backend, JobStatus, TrialState
+from storage.models import ACTIVE_JOB_STATUSES
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+Limit = Annotated[int, Query(ge=1, le=storage.page.MAX_PAGE_SIZE)]
+Offset = Annotated[int, Query(ge=0, le=1 << 31)]
+RETRY_AFTER_S = 2
+EVENT_POLL_S = 1.0
+EVENT_STREAM_MAX_S = 600.0
+"""An event stream ends after this long (the browser reconnects): proxies and load balancers cut idle streams."""
+
+NOT_FOUND = {404: {"model": ErrorPublic, "description": "No job with this id"}}
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    dependencies=[Authorized],
+    responses={401: {"model": ErrorPublic}, 422: {"model": ErrorPublic}},
+)
+def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep, response: Response) -> JobAccepted:
+    """Queue a tuning job; poll ``Location`` (or follow its ``/events``) until it has finished."""
+    shape = body.shape.to_shape()
+    slots = tunable_slots(shape, body.layers)
+    job = storage.create_job(
+        session=session,
+        shape=shape,
+        layers=[s.value for s in slots],
+        n_trials=body.n_trials,
+        backend=Backend(body.backend or settings.default_backend),
+        gpu=body.gpu,
+    )
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return JobAccepted(id=job.id, status=job.status.value)
+
+
+@router.get("", responses={422: {"model": ErrorPublic}})
+def list_jobs(session: SessionDep, limit: Limit = 50, offset: Offset = 0, status: JobStatus | None = None) -> JobsPage:
+    """Jobs, newest first."""
+    page = storage.list_jobs(session=session, limit=limit, offset=offset, status=status)
+    return JobsPage(
+        items=[JobSummary.model_validate(job) for job in page.items],
+        total=page.total,
+        limit=limit,
+        offset=offset,
+        next_offset=_next(page),
+    )
+
+
+@router.get("/{job_id}", responses=NOT_FOUND)
+def get_job(job_id: uuid.UUID, session: SessionDep) -> JobPublic:
+    """Status (queued, running, succeeded, failed, cancelled), progress, and each slot's best config so far."""
+    return job_view(session=session, job=storage.get_job(session=session, job_id=str(job_id)))
+
+
+@router.post(
+    "/{job_id}/cancel",
+    dependencies=[Authorized],
+    responses={**NOT_FOUND, 401: {"model": ErrorPublic}, 409: {"model": ErrorPublic}},
+)
+def cancel_job(job_id: uuid.UUID, session: SessionDep) -> JobPublic:
+    """Stop handing out the job's trials; running ones finish and are kept. 409 if it already finished."""
+    job = storage.cancel_job(session=session, job_id=str(job_id))
+    return job_view(session=session, job=job)
+
+
+@router.get("/{job_id}/trials", responses=NOT_FOUND)
+def list_trials(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    limit: Limit = 50,
+    offset: Offset = 0,
+    state: TrialState | None = None,
+) -> TrialsPage:
+    """The job's trials in the order they were queued, with the proposal and the worker's measurements."""
+    job = storage.get_job(session=session, job_id=str(job_id))
+    slots = {s.id: s.slot for s in storage.list_layer_studies(session=session, job_id=job.id)}
+    page = storage.list_trials(session=session, job_id=job.id, limit=limit, offset=offset, state=state)
+    return TrialsPage(
+        items=[trial_view(t, slots=slots) for t in page.items],
+        total=page.total,
+        limit=limit,
+        offset=offset,
+        next_offset=_next(page),
+    )
+
+
+def _existing_job(job_id: uuid.UUID, session: SessionDep) -> str:
+    """The job's id once it is known to exist, so an unknown id is a 404 before the event stream starts."""
+    return storage.get_job(session=session, job_id=str(job_id)).id
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse, responses=NOT_FOUND)
+async def job_events(
+    job: Annotated[str, Depends(_existing_job)], sessions: SessionsDep
+) -> AsyncIterator[ServerSentEvent]:
+    """Server-sent events: ``progress`` (the job view, as GET /v1/jobs/{id}) on every change, then ``done``.
+
+    The stream ends when the job has finished, or after a while (clients reconnect) so idle proxies never
+    hold it open forever.
+    """
+
+    def read() -> JobPublic:
+        with sessions() as session:
+            return job_view(session=session, job=storage.get_job(session=session, job_id=job))
+
+    deadline = time.monotonic() + EVENT_STREAM_MAX_S
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            view = await run_in_threadpool(read)
+        except storage.StorageError as e:
+            yield ServerSentEvent(event="error", data={"field": "database", "rule": f"is unavailable: {e}"})
+            return
+        if view != last:
+            yield ServerSentEvent(event="progress", data=view, id=str(view.progress.done))
+            last = view
+        if view.status not in ACTIVE_JOB_STATUSES:
+            yield ServerSentEvent(event="done", data={"id": view.id, "status": view.status})
+            return
+        await asyncio.sleep(EVENT_POLL_S)
+
+
+def _next(page: storage.Page) -> int | None:
+    end = page.offset + len(page.items)
+    return end if end < page.total else None

@@ -1,0 +1,76 @@
+"""The controller's one configuration object; the environment is read here and nowhere else.
+
+Every field can come from an ``AUTOTUNE_*`` environment variable (``AUTOTUNE_TOKEN``, ``AUTOTUNE_DB_URL``, ...)
+or from the `autotune serve` flags, which win over the environment.  `check_auth` holds the one security
+rule: a controller without a token is only allowed when asked for explicitly and bound to loopback, so a
+forgotten token never leaves a tuning service open on the network.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from overlap_runtime.errors import InputError
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+class Settings(BaseSettings):
+    """What a controller process needs: where its database is, how it authenticates, how long leases last."""
+
+    model_config = SettingsConfigDict(env_prefix="AUTOTUNE_", extra="ignore")
+
+    db_url: str | None = None
+    """``sqlite:///PATH`` or ``postgresql+psycopg://user@host/db``; None is the per-user SQLite file."""
+    token: SecretStr | None = None
+    """Bearer token for writes and workers (``AUTOTUNE_TOKEN``)."""
+    no_auth: bool = False
+    """Serve without a token; only allowed on a loopback bind."""
+    default_backend: Literal["cpu", "cuda"] = "cuda"
+    """Backend of a job that names none (`autotune serve --local-worker --backend cpu` makes it cpu)."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    lease_s: float = Field(default=60.0, gt=0)
+    """A claimed trial belongs to its worker this long unless renewed (workers renew every third of it)."""
+    heartbeat_timeout_s: float = Field(default=60.0, gt=0)
+    """A worker silent this long is shown as lost (its trial is failed by the lease, not by this)."""
+    scheduler: bool = True
+    """Run the scheduler loop (ask/tell, lease sweeps) in this process; see `autotune.scheduler`."""
+    scheduler_interval_s: float = Field(default=0.25, gt=0)
+    """Pause between scheduler passes: the latency from a worker's report to the next proposal."""
+    best_cache_s: float = Field(default=1.0, ge=0)
+    """How long a ``GET /v1/best`` answer is served from memory (`api.cache`); 0 reads the database every time."""
+    queue_depth: int = Field(default=2, ge=1, le=64)
+    """Waiting trials kept per slot beyond those running, so a free worker never waits for an ask."""
+
+    def check_auth(self) -> None:
+        """Raise `InputError` unless the controller has a token, or runs without one on loopback by request."""
+        if self.token is not None and not self.token.get_secret_value():
+            raise InputError("token", "must not be empty")
+        if self.token is None and not self.no_auth:
+            raise InputError(
+                "token",
+                "is required for writes and workers: set AUTOTUNE_TOKEN or pass --token (or --no-auth on loopback)",
+            )
+        if self.no_auth and not is_loopback(self.host):
+            raise InputError(
+                "host", "must be a loopback address (127.0.0.1, ::1, localhost) when running with --no-auth", self.host
+            )
+
+    @property
+    def auth_required(self) -> bool:
+        return self.token is not None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` only listens on this machine."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,253 @@
+"""`autotune submit | status | best | export | cancel`: talk to a controller over REST.
+
+Each command is a thin wrapper over `autotune.client.Client`.  The controller's errors are printed as
+``error: <field>: <rule> (got <value>)``; exit codes: 2 for a request the controller rejected as invalid or
+unauthorised (422, 401), 1 for other failures (unknown job, a finished job, the controller unreachable),
+and `status --follow` exits 1 when the job did not succeed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autotune.client import DEFAULT_CONTROLLER, ApiError, Client
+from autotune.local_token import read_token
+
+INVALID_STATUSES = (401, 403, 422)
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+Controller = Annotated[str, typer.Option(envvar="AUTOTUNE_CONTROLLER", help="Controller URL (or AUTOTUNE_CONTROLLER)")]
+Token = Annotated[
+    str | None,
+    typer.Option(envvar="AUTOTUNE_TOKEN", help="Bearer token (or AUTOTUNE_TOKEN; default: local token file)"),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON")]
+Hidden = Annotated[int, typer.Option(help="Model width H")]
+Tp = Annotated[int, typer.Option(help="Tensor-parallel size")]
+Seq = Annotated[int, typer.Option(help="Sequence length")]
+Mbs = Annotated[int, typer.Option(help="Micro-batch size")]
+Gpu = Annotated[str | None, typer.Option(help="GPU model, as NVML names it (NVIDIA H200) or short (h200)")]
+Dtype = Annotated[str | None, typer.Option(help="bf16 | fp8")]
+
+
+@contextlib.contextmanager
+def talking(controller: str) -> Iterator[None]:
+    """Turn the controller's errors into ``error: ...`` on stderr and the CLI's exit codes."""
+    try:
+        yield
+    except ApiError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2 if e.status in INVALID_STATUSES else 1) from None
+    except httpx.TransportError as e:
+        typer.echo(f"error: controller: cannot reach {controller} ({e})", err=True)
+        raise typer.Exit(1) from None
+
+
+def _client(controller: str, token: str | None) -> Client:
+    return Client(controller, token=token or read_token())
+
+
+def submit(
+    hidden: Hidden,
+    tp: Tp,
+    seq: Seq,
+    mbs: Mbs = 1,
+    ffn_hidden: Annotated[int | None, typer.Option()] = None,
+    num_heads: Annotated[int | None, typer.Option()] = None,
+    num_query_groups: Annotated[int | None, typer.Option()] = None,
+    gated: Annotated[bool, typer.Option("--gated", help="Gated MLP (SwiGLU)")] = False,
+    dtype: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
+    cp: Annotated[int, typer.Option()] = 1,
+    layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,fc2_fprop)")] = "all",
+    trials: Annotated[int | None, typer.Option(help="Trials per slot (controller default: 30)")] = None,
+    backend: Annotated[str | None, typer.Option(help="cpu | cuda (controller default)")] = None,
+    gpu: Gpu = None,
+    follow: Annotated[bool, typer.Option("--follow", help="Then show progress until the job ends")] = False,
+    controller: Controller = DEFAULT_CONTROLLER,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Queue a tuning job and print its id."""
+    shape: dict[str, Any] = {
+        "hidden": hidden,
+        "tp": tp,
+        "mbs": mbs,
+        "seq": seq,
+        "gated": gated,
+        "dtype": dtype,
+        "cp": cp,
+    }
+    optional = {"ffn_hidden": ffn_hidden, "num_heads": num_heads, "num_query_groups": num_query_groups}
+    shape |= {k: v for k, v in optional.items() if v is not None}
+    names = None if layers == "all" else [s.strip() for s in layers.split(",") if s.strip()]
+    with talking(controller), _client(controller, token) as client:
+        accepted = client.submit(shape=shape, layers=names, n_trials=trials, backend=backend, gpu=gpu)
+        typer.echo(json.dumps(accepted) if as_json else accepted["id"])
+        if follow:
+            _follow(client, accepted["id"], as_json=as_json)
+
+
+def status(
+    job_id: Annotated[str, typer.Argument(help="Job id (from submit)")],
+    follow: Annotated[bool, typer.Option("--follow/--no-follow", help="Live progress until the job ends")] = True,
+    controller: Controller = DEFAULT_CONTROLLER,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Show a job: a live progress bar until it ends (on a terminal), then each slot's best config."""
+    with talking(controller), _client(controller, token) as client:
+        if follow:
+            _follow(client, job_id, as_json=as_json)
+            return
+        job = client.job(job_id)
+        _print_job(job, as_json=as_json)
+
+
+def _follow(client: Client, job_id: str, *, as_json: bool) -> None:
+    """Follow the job's events (a progress bar on a terminal), print it, exit 1 unless it succeeded."""
+    job = client.job(job_id)
+    console = Console(stderr=True)
+    if job["status"] not in TERMINAL:
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[done]}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+            task = bar.add_task(f"job {job_id[:8]}", total=1.0, done="")
+            while job["status"] not in TERMINAL:
+                for event, data in client.events(job_id):
+                    if event == "progress":
+                        job = data
+                        done = f"{job['progress']['done']}/{job['progress']['total']} trials, {job['status']}"
+                        bar.update(task, completed=job["progress"]["fraction"], done=done)
+                job = client.job(job_id)  # the stream ended: done, or the server closed it (then follow again)
+    _print_job(job, as_json=as_json)
+    if job["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _print_job(job: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(job, indent=2))
+        return
+    p = job["progress"]
+    typer.echo(f"job {job['id']}: {job['status']} ({p['done']}/{p['total']} trials, {p['fraction']:.0%})")
+    if job.get("error"):
+        typer.echo(f"error: {job['error']}")
+    table = Table("slot", "status", "trials", "best config", "overlap ms", "serial ms", "")
+    for s in job["slots"]:
+        best = s["best"]
+        m = best["measurement"] if best else {}
+        table.add_row(
+            s["slot"],
+            s["status"],
+            f"{s['n_complete']} ok / {s['n_failed']} failed",
+            _config_text(best["config"]) if best else "-",
+            _ms(m.get("overlap_ms")),
+            _ms(m.get("serial_ms")),
+            ("final" if best["final"] else "so far") if best else "",
+        )
+    Console().print(table)
+
+
+def best(
+    hidden: Hidden,
+    tp: Tp,
+    seq: Seq,
+    mbs: Mbs = 1,
+    gpu: Gpu = None,
+    dtype: Dtype = None,
+    controller: Controller = DEFAULT_CONTROLLER,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Each slot's best config for a shape; says so plainly when only the nearest known preset is available."""
+    with talking(controller), _client(controller, token) as client:
+        answer = client.best(hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype)
+    if as_json:
+        typer.echo(json.dumps(answer, indent=2))
+        return
+    if not answer["measured"]:
+        near = answer["nearest"]
+        typer.echo(
+            f"warning: NOT MEASURED: nothing was tuned for this shape; nearest known preset {near['source']} "
+            f"({near['distance']:g} doublings away)",
+            err=True,
+        )
+        table = Table("slot", "config (TE entry)", "note")
+        for layer in answer["nearest_layers"]:
+            table.add_row(layer["slot"], _config_text(layer["config"]), layer.get("note") or "")
+        Console().print(table)
+        return
+    for group in answer["results"]:
+        table = Table(
+            "slot", "best config", "overlap ms", "serial ms", "hidden", title=f"{group['gpu']} {group['shape_key']}"
+        )
+        for layer in group["layers"]:
+            m = layer["measurement"]
+            table.add_row(
+                layer["slot"],
+                _config_text(layer["config"]),
+                _ms(m.get("overlap_ms")),
+                _ms(m.get("serial_ms")),
+                f"{m['hidden_frac']:.0%}" if m.get("hidden_frac") is not None else "-",
+            )
+        Console().print(table)
+
+
+def export(
+    hidden: Hidden,
+    tp: Tp,
+    seq: Seq,
+    mbs: Mbs = 1,
+    gpu: Gpu = None,
+    dtype: Dtype = None,
+    format: Annotated[str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON)")] = "nemo",
+    out: Annotated[Path, typer.Option(help="File to write, or a folder for NVIDIA's file name")] = Path("."),
+    controller: Controller = DEFAULT_CONTROLLER,
+    token: Token = None,
+) -> None:
+    """Write the shape's preset file (NeMo/Megatron YAML by default) and print its path."""
+    with talking(controller), _client(controller, token) as client:
+        preset = client.preset(format=format, hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype)
+    if not preset.measured:
+        typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
+    if out.is_dir():
+        name = preset.file_name or "preset.yaml"
+        out = out / (name if format == "nemo" else Path(name).with_suffix(".json").name)
+    out.write_text(preset.text, encoding="utf-8")
+    typer.echo(str(out))
+
+
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    controller: Controller = DEFAULT_CONTROLLER,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Cancel a job: nothing new starts; trials already running finish and are kept."""
+    with talking(controller), _client(controller, token) as client:
+        job = client.cancel(job_id)
+    typer.echo(json.dumps(job, indent=2) if as_json else f"job {job['id']}: {job['status']}")
+
+
+def _config_text(config: dict[str, Any]) -> str:
+    rest = " ".join(f"{k}={v}" for k, v in config.items() if k != "method")
+    return f"{config.get('method', '?')} {rest}".strip()
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

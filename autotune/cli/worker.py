@@ -1,0 +1,50 @@
+"""`autotune worker`: run trials for a controller on this machine's GPUs (or the CPU backend) until stopped."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from autotune.cli.client import talking
+from autotune.cli.measure import default_backend
+from autotune.local_token import read_token
+from autotune.worker import WorkerOptions, run_worker
+from overlap_runtime.errors import InputError
+
+BACKENDS = ("cpu", "cuda")
+
+
+def worker(
+    controller: Annotated[
+        str, typer.Option(envvar="AUTOTUNE_CONTROLLER", help="Controller URL, e.g. http://host:8000")
+    ],
+    backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
+    token: Annotated[str | None, typer.Option(envvar="AUTOTUNE_TOKEN", help="The controller's bearer token")] = None,
+    name: Annotated[str | None, typer.Option(help="Name on the dashboard (default: host-pid)")] = None,
+    poll_s: Annotated[float, typer.Option(min=0.05, help="Pause when there is no work")] = 1.0,
+    heartbeat_s: Annotated[float, typer.Option(min=0.1)] = 10.0,
+    trial_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="Per config and round before a trial is hung")
+    ] = 180.0,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+) -> None:
+    """Register with the controller, then claim, measure and report trials; a failing config never stops it."""
+    backend = backend or default_backend()
+    if backend not in BACKENDS:
+        raise InputError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per claim poll otherwise
+    signal.signal(signal.SIGTERM, _interrupt)  # docker stop / serve's shutdown: close the TP group on the way out
+    options = WorkerOptions(
+        backend=backend, name=name, poll_s=poll_s, heartbeat_s=heartbeat_s, trial_timeout_s=trial_timeout_s
+    )
+    with talking(controller):
+        run_worker(controller=controller, token=token or read_token(), options=options)
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

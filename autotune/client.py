@@ -1,0 +1,199 @@
+"""A typed client for the controller's REST API, used by the CLI commands and by the worker loop.
+
+Errors come back as `ApiError` carrying the server's ``{"field", "rule", "value"}`` items, so the CLI can
+print ``error: field: rule (got value)`` exactly as it does for local validation errors.  `LeaseLostError`
+is the 409 a worker gets when the trial it measures is no longer its own.  Network failures stay httpx's
+`httpx.TransportError`: the worker retries them (a controller restarting), the CLI reports them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+DEFAULT_CONTROLLER = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class ApiError(Exception):
+    """A 4xx/5xx answer: ``status`` and the server's error items."""
+
+    def __init__(self, status: int, items: list[dict[str, Any]]) -> None:
+        self.status = status
+        self.items = items
+        super().__init__("; ".join(_item_text(i) for i in items) or f"HTTP {status}")
+
+
+class LeaseLostError(ApiError):
+    """409 on a worker call: the lease ran out or the trial went to someone else; drop the trial."""
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    value = item.get("value")
+    got = "" if value is None else f" (got {value!r})"
+    return f"{item.get('field', '?')}: {item.get('rule', '?')}{got}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PresetFile:
+    text: str
+    measured: bool
+    """False: the nearest known preset, not a measurement of this shape."""
+    file_name: str | None
+
+
+class Client:
+    """One connection pool to one controller; use as a context manager or call `close`."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_CONTROLLER,
+        *,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- users --------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        shape: dict[str, Any],
+        layers: list[str] | None = None,
+        n_trials: int | None = None,
+        backend: str | None = None,
+        gpu: str | None = None,
+    ) -> dict[str, Any]:
+        """Queue a job; returns ``{"id", "status"}``."""
+        body: dict[str, Any] = {"shape": shape}
+        optional = {"layers": layers, "n_trials": n_trials, "backend": backend, "gpu": gpu}
+        body |= {k: v for k, v in optional.items() if v is not None}
+        return self._call("POST", "/v1/jobs", json=body)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def trials(self, job_id: str, *, limit: int = 1000, offset: int = 0) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/trials", params={"limit": limit, "offset": offset})
+
+    def all_trials(self, job_id: str) -> list[dict[str, Any]]:
+        """Every trial of the job, page after page."""
+        items: list[dict[str, Any]] = []
+        offset: int | None = 0
+        while offset is not None:
+            page = self.trials(job_id, offset=offset)
+            items += page["items"]
+            offset = page["next_offset"]
+        return items
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def events(self, job_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The job's server-sent events as (event, data) pairs, until the server ends the stream."""
+        with self._http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=httpx.Timeout(None)) as response:
+            if response.is_error:
+                response.read()
+                raise _error(response)
+            event, data = "message", []
+            for line in response.iter_lines():
+                if line.startswith(":"):
+                    continue
+                if not line:
+                    if data:
+                        yield event, json.loads("\n".join(data))
+                    event, data = "message", []
+                elif line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+
+    def best(self, **query: Any) -> dict[str, Any]:
+        """``GET /v1/best`` with hidden, tp, mbs, seq and optional gpu, dtype (None values are left out)."""
+        return self._call("GET", "/v1/best", params=_params(query))
+
+    def preset(self, *, format: str = "nemo", **query: Any) -> PresetFile:
+        response = self._send("GET", "/v1/presets", params=_params(query | {"format": format}))
+        disposition = response.headers.get("content-disposition", "")
+        name = disposition.split('filename="', 1)[1].rstrip('"') if 'filename="' in disposition else None
+        return PresetFile(
+            text=response.text,
+            measured=response.headers.get("x-autotune-measured", "true") == "true",
+            file_name=name,
+        )
+
+    def workers(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/workers")
+
+    # -- workers ------------------------------------------------------------------------------------
+
+    def register(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/workers", json=body)
+
+    def heartbeat(self, worker_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/workers/{worker_id}/heartbeat")
+
+    def claim(self, worker_id: str) -> dict[str, Any] | None:
+        """A leased trial, or None when there is nothing this worker can run now."""
+        response = self._send("POST", f"/v1/workers/{worker_id}/claim")
+        return None if response.status_code == httpx.codes.NO_CONTENT else response.json()
+
+    def renew(self, worker_id: str, trial_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/v1/workers/{worker_id}/trials/{trial_id}/renew")
+
+    def report(
+        self,
+        worker_id: str,
+        trial_id: int,
+        *,
+        measurements: list[dict[str, Any]] | None = None,
+        failure: str | None = None,
+    ) -> dict[str, Any]:
+        body = {"measurements": measurements} if measurements is not None else {"failure": failure}
+        return self._call("POST", f"/v1/workers/{worker_id}/trials/{trial_id}/result", json=body)
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._send(method, path, **kwargs).json()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self._http.request(method, path, **kwargs)
+        if response.is_error:
+            raise _error(response)
+        return response
+
+
+def _params(query: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in query.items() if v is not None}
+
+
+def _error(response: httpx.Response) -> ApiError:
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if isinstance(detail, list) and all(isinstance(i, dict) for i in detail):
+        items = detail
+    else:
+        items = [{"field": "response", "rule": f"HTTP {response.status_code}: {response.text[:200]}"}]
+    cls = (
+        LeaseLostError if response.status_code == httpx.codes.CONFLICT and "/trials/" in response.url.path else ApiError
+    )
+    return cls(response.status_code, items)

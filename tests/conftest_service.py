@@ -1,0 +1,191 @@
+"""Real processes for the service tests: a controller (`autotune serve`) and CPU-backend workers
+(`autotune worker`), each a subprocess on a free loopback port, stopped (or killed) by the test.
+
+Test modules load this file with ``pytest_plugins = ("conftest_service",)`` (which also brings the storage
+suite's ``sqlite_url`` / ``postgres_url`` fixtures) and never import it, so pytest can rewrite its asserts.
+
+Short leases, heartbeats and scheduler passes keep the tests fast; each process gets its own data folder
+(``XDG_DATA_HOME``) so no test touches the user's default database or token file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest_storage import pg_admin, postgres_url, sqlite_url  # noqa: F401 (fixtures, re-exported to tests)
+
+from autotune.client import Client
+
+TOKEN = "test-token"
+FAST_ENV = {
+    "AUTOTUNE_LEASE_S": "3",
+    "AUTOTUNE_HEARTBEAT_TIMEOUT_S": "5",
+    "AUTOTUNE_SCHEDULER_INTERVAL_S": "0.1",
+}
+START_TIMEOUT_S = 60.0
+CLI = [sys.executable, "-c", "from autotune.cli.app import main; main()"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check: Callable[[], Any], *, timeout_s: float, what: str, every_s: float = 0.2) -> Any:
+    """Poll ``check()`` until it returns something truthy; fail the test with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(every_s)
+
+
+class Proc:
+    """A CLI subprocess in its own session, so kill -9 takes its TP group's rank processes along."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._out = log.open("ab")
+        self.popen = subprocess.Popen(
+            [*CLI, *args], env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def kill9(self) -> None:
+        """SIGKILL the process and everything it started: a machine that died."""
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+
+    def terminate(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL whatever is left of its session."""
+        self.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+        self._out.close()
+
+    def tail(self, n: int = 40) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+
+class Service:
+    """A controller on one database plus its workers; `url` stays the same across controller restarts."""
+
+    def __init__(self, *, db_url: str, tmp: Path, env: dict[str, str] | None = None) -> None:
+        self.db_url = db_url
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = TOKEN
+        self.env = {**os.environ, **FAST_ENV, "XDG_DATA_HOME": str(tmp / "data"), **(env or {})}
+        self.env.pop("AUTOTUNE_TOKEN", None)
+        self.controller: Proc | None = None
+        self.workers: list[Proc] = []
+
+    def start_controller(self) -> None:
+        args = ["serve", "--db", self.db_url, "--port", str(self.port), "--token", TOKEN, "--log-level", "warning"]
+        self.controller = Proc(args, env=self.env, log=self.tmp / "controller.log")
+        wait_until(self._healthy, timeout_s=START_TIMEOUT_S, what=f"the controller at {self.url}")
+
+    def start_worker(self, *, extra: list[str] = ()) -> Proc:
+        index = len(self.workers)
+        args = ["worker", "--controller", self.url, "--backend", "cpu", "--token", TOKEN, "--name", f"w{index}"]
+        args += ["--poll-s", "0.2", "--heartbeat-s", "1", "--log-level", "warning", *extra]
+        worker = Proc(args, env=self.env, log=self.tmp / f"worker{index}.log")
+        self.workers.append(worker)
+        return worker
+
+    def client(self, *, token: str | None = TOKEN) -> Client:
+        return Client(self.url, token=token, timeout_s=10)
+
+    def _healthy(self) -> bool:
+        if self.controller is not None and self.controller.popen.poll() is not None:
+            pytest.fail(f"controller exited:\n{self.controller.tail()}")
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def wait_until(self, check: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
+        return wait_until(check, timeout_s=timeout_s, what=what)
+
+    def wait_for_job(self, job_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Poll the job until it ends; fail with the process logs if it does not."""
+        with self.client() as client:
+
+            def ended() -> dict[str, Any] | None:
+                job = client.job(job_id)
+                return job if job["status"] in ("succeeded", "failed", "cancelled") else None
+
+            try:
+                return wait_until(ended, timeout_s=timeout_s, what=f"job {job_id} to end", every_s=0.5)
+            except pytest.fail.Exception:
+                logs = "\n".join(f"--- {p.log.name}\n{p.tail()}" for p in [self.controller, *self.workers] if p)
+                pytest.fail(f"job {job_id} did not end: {client.job(job_id)}\n{logs}")
+
+    def stop(self) -> None:
+        """Stop everything at once (each process closes its TP group, which takes a moment)."""
+        procs = [p for p in [*self.workers, self.controller] if p is not None]
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.stop()
+
+
+@pytest.fixture
+def make_service(tmp_path: Path) -> Iterator[Callable[..., Service]]:
+    """Services started by the test, all stopped at its end (even when it fails)."""
+    started: list[Service] = []
+
+    def make(*, db_url: str, env: dict[str, str] | None = None) -> Service:
+        service = Service(db_url=db_url, tmp=tmp_path / f"service{len(started)}", env=env)
+        service.tmp.mkdir()
+        started.append(service)
+        return service
+
+    yield make
+    for service in started:
+        service.stop()
+
+
+@pytest.fixture(scope="module")
+def idle_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A controller on a fresh SQLite file with no workers: its jobs are never measured (API tests)."""
+    tmp = tmp_path_factory.mktemp("idle")
+    service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
+    service.start_controller()
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def cpu_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A controller on a fresh SQLite file with one CPU-backend worker (CLI tests)."""
+    tmp = tmp_path_factory.mktemp("cpu")
+    service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
+    service.start_controller()
+    service.start_worker()
+    yield service
+    service.stop()

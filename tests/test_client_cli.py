@@ -1,0 +1,106 @@
+"""`autotune submit | status | best | export | cancel` against a real controller with one CPU worker.
+
+The commands run in-process (typer's runner) so each costs no interpreter start; the controller and worker
+are real processes.  Exit codes follow the CLI's manners: 0 success, 1 failure, 2 invalid input.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli.app import app
+from search_spaces import parse_nemo
+
+if TYPE_CHECKING:
+    from click.testing import Result
+    from conftest_service import Service
+
+pytest_plugins = ("conftest_service",)  # cpu_service
+
+SHAPE_ARGS = ["--hidden", "64", "--tp", "2", "--seq", "32"]
+
+
+@pytest.fixture(autouse=True)
+def no_local_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's own token file (if any) must not make an unauthorised call pass."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+
+
+def run(service: Service, *args: str, token: str | None = "default") -> Result:
+    env = {"AUTOTUNE_CONTROLLER": service.url, "AUTOTUNE_TOKEN": service.token if token == "default" else token}
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+@pytest.fixture(scope="module")
+def finished_job(cpu_service: Service) -> str:
+    """One tiny job, submitted and followed to the end through the CLI."""
+    submitted = CliRunner().invoke(
+        app,
+        ["submit", *SHAPE_ARGS, "--layers", "qkv_fprop", "--trials", "3", "--backend", "cpu"],
+        env={"AUTOTUNE_CONTROLLER": cpu_service.url, "AUTOTUNE_TOKEN": cpu_service.token},
+    )
+    assert submitted.exit_code == 0, submitted.output
+    job_id = submitted.stdout.strip()
+    followed = CliRunner().invoke(app, ["status", job_id, "--json"], env={"AUTOTUNE_CONTROLLER": cpu_service.url})
+    assert followed.exit_code == 0, followed.output
+    assert json.loads(followed.stdout)["status"] == "succeeded"
+    return job_id
+
+
+@pytest.mark.slow
+def test_status_prints_each_slot_and_its_final_best(cpu_service: Service, finished_job: str) -> None:
+    shown = run(cpu_service, "status", finished_job, "--no-follow")
+    assert shown.exit_code == 0
+    assert f"job {finished_job}: succeeded" in shown.stdout
+    assert "qkv_fprop" in shown.stdout and "final" in shown.stdout
+
+
+@pytest.mark.slow
+def test_best_and_export_write_what_was_measured(cpu_service: Service, finished_job: str, tmp_path: Path) -> None:
+    best = run(cpu_service, "best", *SHAPE_ARGS, "--json")
+    assert best.exit_code == 0
+    answer: dict[str, Any] = json.loads(best.stdout)
+    assert answer["measured"] and answer["results"][0]["layers"][0]["job_id"] == finished_job
+    exported = run(cpu_service, "export", *SHAPE_ARGS, "--out", str(tmp_path))
+    assert exported.exit_code == 0, exported.output
+    path = Path(exported.stdout.strip())
+    assert path.name == "ub_cfg_cpu_bf16_h64_tp2_mbs1_seqlen32.yaml"
+    assert "qkv_fprop" in {s.value for s in parse_nemo(path.read_text(), name=path.name).configs}
+    te = run(cpu_service, "export", *SHAPE_ARGS, "--format", "te", "--out", str(tmp_path))
+    assert te.exit_code == 0 and "qkv_fprop" in json.loads(Path(te.stdout.strip()).read_text())["ub_cfgs"]
+
+
+@pytest.mark.slow
+def test_cancelling_a_finished_job_fails_with_the_reason(cpu_service: Service, finished_job: str) -> None:
+    result = run(cpu_service, "cancel", finished_job)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: status: ") and "already succeeded" in result.stderr
+
+
+def test_an_invalid_shape_exits_2_naming_the_field_and_rule(cpu_service: Service) -> None:
+    result = run(cpu_service, "submit", "--hidden", "63", "--tp", "2", "--seq", "32")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: hidden: must be divisible by tp=2 (got 63)"
+
+
+def test_submitting_without_a_token_exits_2(cpu_service: Service) -> None:
+    result = run(cpu_service, "submit", *SHAPE_ARGS, token=None)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: Authorization: is required")
+
+
+def test_an_unmeasured_shape_is_shown_as_the_nearest_preset_with_a_warning(cpu_service: Service) -> None:
+    result = run(cpu_service, "best", "--hidden", "8192", "--tp", "8", "--seq", "2048", "--mbs", "4")
+    assert result.exit_code == 0
+    assert "NOT MEASURED" in result.stderr and "nvidia:" in result.stderr
+
+
+def test_an_unreachable_controller_exits_1() -> None:
+    result = CliRunner().invoke(app, ["status", "x", "--controller", "http://127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert "cannot reach http://127.0.0.1:9" in result.stderr
