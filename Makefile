@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/autotune tune --hidden 512 --tp 2 --mbs 1 --seq 512 --trials 12 --out presets
+	$(BIN)/autotune serve --local-worker
 
 test: $(STAMP)
 	$(BIN)/ruff check .
