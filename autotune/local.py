@@ -25,6 +25,7 @@ from autotune.gpu import device_gpu_name, preset_gpu_name
 from autotune.outcome import SlotOutcome
 from autotune.proposal import Proposal, Purpose
 from autotune.studies import SlotStudy
+from autotune.warm_start import neighbour_winners
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import ConfigError, TrialFailure
 from overlap_runtime.measurement import Measurement
@@ -120,7 +121,12 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
         engine = create_engine_for(url=request.db)
         upgrade(engine=engine)
         storage = _optuna_storage(engine)
-        studies = {slot: _study(request, slot, storage=storage, gpu=gpu, runtime=runtime) for slot in slots}
+        with session_factory(engine=engine)() as session:
+            warm = {slot: neighbour_winners(session=session, gpu=gpu, shape=shape, slot=slot) for slot in slots}
+        studies = {
+            slot: _study(request, slot, storage=storage, gpu=gpu, runtime=runtime, warm_start=warm[slot])
+            for slot in slots
+        }
         with _progress(console) as bars:
             for slot, study in studies.items():
                 task = bars.add_task(slot.value, total=request.n_trials + 1)
@@ -146,7 +152,13 @@ def _optuna_storage(engine: Engine) -> optuna.storages.RDBStorage:
 
 
 def _study(
-    request: TuneRequest, slot: Slot, *, storage: optuna.storages.BaseStorage, gpu: str, runtime: Runtime
+    request: TuneRequest,
+    slot: Slot,
+    *,
+    storage: optuna.storages.BaseStorage,
+    gpu: str,
+    runtime: Runtime,
+    warm_start: tuple[OverlapConfig, ...],
 ) -> SlotStudy:
     return SlotStudy(
         storage=storage,
@@ -156,6 +168,7 @@ def _study(
         backend=request.backend,
         limits=runtime.limits,
         n_trials=request.n_trials,
+        warm_start=warm_start,
         seed=request.seed,
     )
 

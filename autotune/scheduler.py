@@ -39,6 +39,7 @@ from autotune.gpu import CPU
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
 from autotune.trial_rows import fastest, measurements_of, proposal_of
+from autotune.warm_start import neighbour_winners
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
@@ -224,6 +225,7 @@ class Scheduler:
                 backend=job.backend.value,
                 limits=_limits(session=session, gpu=gpu),
                 n_trials=job.n_trials,
+                warm_start=neighbour_winners(session=session, gpu=gpu, shape=_shape(job), slot=Slot(study.slot)),
             ),
         )
         if slot.study.name != study.optuna_study_name:

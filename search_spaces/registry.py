@@ -51,13 +51,17 @@ def nvidia_presets() -> tuple[Preset, ...]:
     return tuple(presets)
 
 
+def shape_distance(shape: ModelShape, other: ModelShape) -> float:
+    """Doublings between two shapes' token counts and widths, tp doublings weighted `TP_WEIGHT`."""
+    d = abs(math.log2(shape.tokens / other.tokens)) + abs(math.log2(shape.hidden / other.hidden))
+    return d + TP_WEIGHT * abs(math.log2(shape.tp / other.tp))
+
+
 def distance(shape: ModelShape, preset: Preset, *, gpu: str | None = None, dtype: str | None = None) -> float:
     """How far ``preset`` is from ``shape`` (module docstring); inf for a preset without a shape."""
     if preset.shape is None:
         return math.inf
-    p = preset.shape
-    d = abs(math.log2(shape.tokens / p.tokens)) + abs(math.log2(shape.hidden / p.hidden))
-    d += TP_WEIGHT * abs(math.log2(shape.tp / p.tp))
+    d = shape_distance(shape, preset.shape)
     if gpu is not None and preset.gpu != gpu.lower():
         d += GPU_MISMATCH
     if dtype is not None and preset.dtype != dtype:

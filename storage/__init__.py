@@ -12,7 +12,7 @@ Typical start-up::
         job = create_job(session=session, shape=shape, layers=["qkv_fprop"], n_trials=20, backend=Backend.CUDA)
 """
 
-from storage.best import get_best, upsert_best
+from storage.best import get_best, list_winners, upsert_best
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
 from storage.errors import Conflict, LeaseLost, NotFound, StorageError
 from storage.jobs import cancel_job, create_job, get_job, list_jobs, set_job_status
@@ -87,6 +87,7 @@ __all__ = [
     "list_jobs",
     "list_layer_studies",
     "list_trials",
+    "list_winners",
     "list_workers",
     "mark_lost_workers",
     "register_worker",

@@ -84,3 +84,13 @@ def get_best(
     if dtype is not None:
         stmt = stmt.where(BestConfig.dtype == dtype)
     return list(session.scalars(stmt.order_by(BestConfig.gpu, BestConfig.shape_key, BestConfig.slot)))
+
+
+@wraps_driver_errors
+def list_winners(*, session: Session, gpu: str, slot: str, tp: int, dtype: str) -> list[BestConfig]:
+    """Every stored winner of ``slot`` on ``gpu`` at this tp and dtype, whatever the other sizes: the
+    neighbouring shapes a new study warm-starts from."""
+    stmt = select(BestConfig).where(
+        BestConfig.gpu == gpu, BestConfig.slot == slot, BestConfig.tp == tp, BestConfig.dtype == dtype
+    )
+    return list(session.scalars(stmt.order_by(BestConfig.shape_key)))
