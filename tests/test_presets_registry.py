@@ -128,6 +128,13 @@ def test_runtime_only_choices_are_noted_because_te_cannot_reproduce_them() -> No
     )
 
 
+def test_copy_engine_bulk_winner_is_noted_because_te_bulk_runs_sm_kernels() -> None:
+    ce_bulk = OverlapConfig(method="bulk", use_ce=True, gemm="cublas")
+    preset = preset_from_results(LLAMA3_70B, {Slot.QKV_WGRAD: SlotResult(best=ce_bulk, best_ms=1.0)})
+    assert "copy-engine bulk" in preset.notes[Slot.QKV_WGRAD]
+    assert preset.configs[Slot.QKV_WGRAD].method == "bulk"
+
+
 def test_num_sm_beyond_te_userbuffers_limit_is_noted_on_export_and_warned_on_import() -> None:
     bulk = OverlapConfig(method=Method.BULK, num_sm=48, cga_size=2, gemm="cublas")
     preset = preset_from_results(LLAMA3_70B, {Slot.QKV_WGRAD: SlotResult(best=bulk, best_ms=1.0)})
