@@ -35,16 +35,14 @@ def default_sqlite_path() -> Path:
 def create_engine_for(*, url: str | None = None) -> Engine:
     """An engine for ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://...``); None means the default SQLite file.
 
-    The SQLite file's folder is created if missing, so a first ``autotune serve`` just works.
+    The SQLite file's folder is created if missing (default path or not), so a first run just works.
     """
-    if url is None:
-        path = default_sqlite_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{path}"
-    parsed = make_url(url)
+    parsed = make_url(url or f"sqlite:///{default_sqlite_path()}")
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(parsed)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine

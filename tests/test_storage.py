@@ -491,3 +491,9 @@ def test_trial_purpose_is_stored(session: Session) -> None:
     session.expunge_all()
     page = storage.list_trials(session=session, job_id=study.job_id)
     assert [t.purpose for t in page.items] == list(TrialPurpose)
+
+
+def test_explicit_sqlite_url_gets_its_folder_created(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new' / 'deeper' / 'autotune.db'}"
+    storage.upgrade(engine=storage.create_engine_for(url=url))
+    assert (tmp_path / "new" / "deeper" / "autotune.db").exists()

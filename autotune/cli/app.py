@@ -11,6 +11,7 @@ import typer
 
 from autotune.cli import client, measure, preset, serve, tune, worker
 from overlap_runtime.errors import InputError
+from storage.errors import StorageError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 app.command("measure")(measure.measure)
@@ -28,5 +29,8 @@ def main() -> None:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except StorageError as e:  # a database the user pointed us at is unreachable or broken
+        print(f"error: database: {e}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

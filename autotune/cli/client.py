@@ -37,6 +37,10 @@ Tp = Annotated[int, typer.Option(help="Tensor-parallel size")]
 Seq = Annotated[int, typer.Option(help="Sequence length")]
 Mbs = Annotated[int, typer.Option(help="Micro-batch size")]
 Gpu = Annotated[str | None, typer.Option(help="GPU model, as NVML names it (NVIDIA H200) or short (h200)")]
+JobGpu = Annotated[
+    str | None,
+    typer.Option(help="Only workers whose GPU model is exactly this NVML name (NVIDIA H200); default: any worker"),
+]
 Dtype = Annotated[str | None, typer.Option(help="bf16 | fp8")]
 
 
@@ -71,7 +75,7 @@ def submit(
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,fc2_fprop)")] = "all",
     trials: Annotated[int | None, typer.Option(help="Trials per slot (controller default: 30)")] = None,
     backend: Annotated[str | None, typer.Option(help="cpu | cuda (controller default)")] = None,
-    gpu: Gpu = None,
+    gpu: JobGpu = None,
     follow: Annotated[bool, typer.Option("--follow", help="Then show progress until the job ends")] = False,
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
