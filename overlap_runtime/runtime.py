@@ -1,11 +1,14 @@
-"""The runtime's front door: measure configs on a TP group that lives across many calls."""
+"""The runtime's front door: measure configs on a TP group that lives across many calls.
+
+Torch is imported only when a group runs (the harness, inside the rank processes and on first use), so the
+CLI and the service can import this module in well under a second.
+"""
 
 from __future__ import annotations
 
 from overlap_runtime.config import BACKENDS, DeviceLimits, OverlapConfig, check_config, problem
 from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.group import TPGroup
-from overlap_runtime.harness import limits_task, measure_task
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
 
@@ -47,6 +50,8 @@ class Runtime:
     def limits(self) -> DeviceLimits | None:
         """The GPU's SM count and stream priorities (None on CPU), read from rank 0's device once."""
         if self.backend == "cuda" and self._limits is None:
+            from overlap_runtime.harness import limits_task
+
             self._limits = self.group.run(limits_task)[0]
         return self._limits
 
@@ -77,6 +82,8 @@ class Runtime:
         compare finalists on a noisy machine.  One failure fails them all: measure suspects alone first."""
         for config in configs:
             self.check(shape, slot, config)
+        from overlap_runtime.harness import measure_task
+
         timeout = self.trial_timeout_s * max(1, len(configs) * rounds)
         results = self.group.run(
             measure_task, shape, Slot(slot), configs, repeats=repeats, warmup=warmup, rounds=rounds, timeout_s=timeout
