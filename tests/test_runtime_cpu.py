@@ -174,3 +174,39 @@ def test_finalists_are_measured_interleaved_with_every_repeat_counted(runtime: R
     assert len(results) == 3
     assert all(m.valid and m.repeats == 6 for m in results)
     assert len({(m.gemm_ms, m.comm_ms) for m in results}) == 1  # one problem, baselines measured once
+
+
+def _numerics_of_broken_methods(ctx) -> tuple[float, float, float]:
+    """The harness's check on three 'methods': a correct one, one that forgets a chunk, one that drops a rank's
+    partial sums (the classic reduce-scatter bug)."""
+    import torch
+
+    from overlap_runtime.harness import _Candidate, _check_numerics, device_of, make_operands
+    from overlap_runtime.methods import Plan, serial
+
+    dev = device_of(ctx)
+    shape = shape_for(ctx.tp)
+    config = OverlapConfig(method="ring_exchange")
+    ops, sets = make_operands(dev, problem(shape, Slot.PROJ_FPROP, config.method), seed=1)
+
+    class Forgets(_Candidate):
+        def call(self, dev) -> None:
+            serial(dev, self.ops)
+            self.ops.out[: self.ops.rows // 2] = torch.nan  # as if half a chunk was never written
+
+    class DropsPartials(_Candidate):
+        def call(self, dev) -> None:
+            torch.mm(self.ops.a[self.ops.chunk(dev.rank)], self.ops.b, out=self.ops.out)  # no sum over ranks
+
+    plan = Plan.resolve(config, dev)
+    return tuple(
+        _check_numerics(dev, kind(config=config, ops=ops, sets=sets, plan=plan))
+        for kind in (_Candidate, Forgets, DropsPartials)
+    )
+
+
+def test_numerical_check_catches_unwritten_and_unreduced_outputs(runtime: Runtime) -> None:
+    right, unwritten, unreduced = runtime.group.run(_numerics_of_broken_methods)[0]
+    assert right < 1e-6
+    assert unwritten == float("inf")
+    assert unreduced > 0.1
