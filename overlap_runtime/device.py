@@ -84,9 +84,6 @@ class Device:
             with torch.cuda.stream(stream):
                 yield
 
-    def current(self) -> Any:
-        return torch.cuda.current_stream(self.device) if self.is_cuda else None
-
     def mark(self) -> Any:
         """An event on the current stream, for another stream to wait on."""
         if not self.is_cuda:

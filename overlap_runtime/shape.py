@@ -163,17 +163,8 @@ class SlotGemm:
     hidden: int
     tp: int
 
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.n * self.k
 
-    @property
-    def comm_bytes_per_rank(self) -> int:
-        """Bytes one rank sends in the collective (bf16)."""
-        return (self.tp - 1) * (self.tokens // self.tp) * self.hidden * 2
-
-
-# (collective when the slot runs bulk/its default, coupled, GEMM dims as (m, n, k) in terms of the shape)
+# Slots grouped by how their collective relates to the GEMM (te_nemo.md §1.3).
 _AG_FPROP = (Slot.QKV_FPROP, Slot.FC1_FPROP, Slot.PROJ_DGRAD, Slot.FC2_DGRAD)
 _RS_FPROP = (Slot.PROJ_FPROP, Slot.FC2_FPROP)
 _DGRAD_BULK = (Slot.QKV_DGRAD, Slot.FC1_DGRAD)
