@@ -1,8 +1,10 @@
 """The app factory: one `Settings` in, one FastAPI app out, with its database, registry and scheduler.
 
 Start-up migrates the database (safe on every start and with several controllers at once) and, unless
-``settings.scheduler`` is off, runs the scheduler loop on a background thread for the app's lifetime.
-``uvicorn --factory api.main:app_from_env`` serves a controller configured only by ``AUTOTUNE_*``.
+``settings.scheduler`` is off, runs the scheduler loop on a background thread for the app's lifetime: it
+schedules while this process holds the database's scheduler lease and stands by otherwise, so any number of
+controller processes may share one database.  ``uvicorn --factory api.main:app_from_env`` (with any number of
+``--workers``) serves a controller configured only by ``AUTOTUNE_*``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ Every 4xx answers `{"detail": [{"field", "rule", "value"}]}`."""
 def create_app(settings: Settings) -> FastAPI:
     """A controller app for ``settings``; raises `InputError` when its auth settings are unsafe."""
     settings.check_auth()
+    settings.check_scheduler()
     engine = storage.create_engine_for(url=settings.db_url)
     # The scheduler gets a pool of its own: requests never wait behind it, nor it behind a burst of requests.
     scheduler_engine = storage.create_engine_for(url=settings.db_url)
@@ -51,8 +54,10 @@ def create_app(settings: Settings) -> FastAPI:
                 interval_s=settings.scheduler_interval_s,
                 heartbeat_timeout_s=settings.heartbeat_timeout_s,
                 queue_depth=settings.queue_depth,
+                leader_ttl_s=settings.leader_ttl_s,
             )
             loop.start()
+        app.state.scheduler = loop
         try:
             yield
         finally:
@@ -72,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.sessions = storage.session_factory(engine=engine)
     app.state.registry = PresetRegistry.with_nvidia()
     app.state.best_cache = AnswerCache(ttl_s=settings.best_cache_s)
+    app.state.scheduler = None  # the `SchedulerThread` while the app runs one: /healthz says whether it leads
     errors.install(app)
     for module in (jobs, best, presets, workers, health, dashboard):
         app.include_router(module.router, responses=COMMON_RESPONSES)

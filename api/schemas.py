@@ -284,6 +284,11 @@ class HealthPublic(BaseModel):
     """The backend in use: sqlite or postgresql."""
     revision: str | None
     scheduler: bool
+    """Whether this process runs the scheduler loop (off with ``AUTOTUNE_SCHEDULER=false``)."""
+    leading: bool
+    """Whether this process holds the scheduler lease, i.e. is the one controller process that schedules."""
+    leader: str | None
+    """Who holds the scheduler lease (``host:pid:random``), None while nobody does."""
     auth: bool
 
 

@@ -3,7 +3,8 @@
 Every field can come from an ``AUTOTUNE_*`` environment variable (``AUTOTUNE_TOKEN``, ``AUTOTUNE_DB_URL``, ...)
 or from the `autotune serve` flags, which win over the environment.  `check_auth` holds the one security
 rule: a controller without a token is only allowed when asked for explicitly and bound to loopback, so a
-forgotten token never leaves a tuning service open on the network.
+forgotten token never leaves a tuning service open on the network.  `check_scheduler` keeps the scheduler
+lease longer than a few scheduler passes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from overlap_runtime.errors import InputError
 
 LOOPBACK_NAMES = ("localhost",)
+LEASE_PASSES = 4
+"""The scheduler lease lasts at least this many passes (`Settings.check_scheduler`)."""
 
 
 class Settings(BaseSettings):
@@ -39,9 +42,12 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(default=60.0, gt=0)
     """A worker silent this long is shown as lost (its trial is failed by the lease, not by this)."""
     scheduler: bool = True
-    """Run the scheduler loop (ask/tell, lease sweeps) in this process; see `autotune.scheduler`."""
+    """Run the scheduler loop in this process: it schedules (ask/tell, lease sweeps) while it holds the
+    scheduler lease, shared by every controller on the database; false keeps this one out (API only)."""
     scheduler_interval_s: float = Field(default=0.25, gt=0)
     """Pause between scheduler passes: the latency from a worker's report to the next proposal."""
+    leader_ttl_s: float = Field(default=10.0, gt=0)
+    """The scheduler lease: its holder renews it every pass; a holder silent this long is replaced."""
     best_cache_s: float = Field(default=1.0, ge=0)
     """How long a ``GET /v1/best`` answer is served from memory (`api.cache`); 0 reads the database every time."""
     queue_depth: int = Field(default=2, ge=1, le=64)
@@ -60,6 +66,30 @@ class Settings(BaseSettings):
             raise InputError(
                 "host", "must be a loopback address (127.0.0.1, ::1, localhost) when running with --no-auth", self.host
             )
+
+    def check_scheduler(self) -> None:
+        """Raise `InputError` unless the lease outlasts a few passes: a holder renews it once per pass, so a
+        lease shorter than that would change hands between passes of a healthy holder."""
+        if self.scheduler and self.leader_ttl_s < LEASE_PASSES * self.scheduler_interval_s:
+            raise InputError(
+                "leader_ttl_s",
+                f"must be at least {LEASE_PASSES} times scheduler_interval_s ({self.scheduler_interval_s:g} s)",
+                self.leader_ttl_s,
+            )
+
+    def to_environment(self) -> dict[str, str]:
+        """The ``AUTOTUNE_*`` variables that make `Settings()` in another process equal to these settings
+        (how `autotune serve --workers N` configures its API processes; unset fields are left out)."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            env[f"{self.model_config['env_prefix']}{name.upper()}"] = (
+                str(value).lower() if isinstance(value, bool) else str(value)
+            )
+        return env
 
     @property
     def auth_required(self) -> bool:

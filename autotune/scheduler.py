@@ -15,8 +15,17 @@ Surviving a restart: the tuner keeps all its state in Optuna's storage in the sa
 `SlotStudy.tell` / `requeue` do nothing for a proposal already told.  So a fresh controller rebuilds each
 `SlotStudy` and simply replays every finished trial row once (what was told before is skipped by the tuner);
 proposals the tuner handed out but which never became a trial row (the controller died in between) come back
-through `SlotStudy.outstanding` and are queued again.  Only one scheduler may drive a database at a time
-(``AUTOTUNE_SCHEDULER=false`` on the other controllers of a scale-out).
+through `SlotStudy.outstanding` and are queued again.
+
+One scheduler drives a database at a time, chosen by the database: every controller process (several
+controllers behind a load balancer, and every process of ``autotune serve --workers N``) runs this loop, and
+each pass begins by claiming the scheduler lease (`autotune.leadership`, `storage.leader`).  The holder renews
+it on every pass and does the work above; the others only check, once a pass, whether the lease ran out, and
+take over when it did: within ``AUTOTUNE_LEADER_TTL_S`` (10 s) of a holder that was killed, at once after one
+that stopped cleanly.  A process that takes the lease (or takes it back after losing it) forgets every study it
+held and rebuilds them as after a restart, since another process may have told them since.  A standby builds no
+Optuna storage and holds one database connection.  ``AUTOTUNE_SCHEDULER=false`` keeps a controller out of the
+running altogether (an API-only replica).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from sqlalchemy.orm import Session
 
 import storage
 from autotune.gpu import CPU
+from autotune.leadership import Leadership
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
 from autotune.trial_rows import fastest, measurements_of, proposal_of
@@ -71,26 +81,71 @@ class _Slot:
 class Scheduler:
     """Drives every job of one database; all state that matters is in that database."""
 
-    def __init__(self, *, engine: Engine, heartbeat_timeout_s: float, queue_depth: int) -> None:
+    def __init__(self, *, engine: Engine, heartbeat_timeout_s: float, queue_depth: int, leader_ttl_s: float) -> None:
+        self.engine = engine
         self.sessions = storage.session_factory(engine=engine)
-        self.optuna_storage = _optuna_storage(engine)
         self.heartbeat_timeout = timedelta(seconds=heartbeat_timeout_s)
         self.queue_depth = queue_depth
+        self.leadership = Leadership(ttl=timedelta(seconds=leader_ttl_s))
+        self._optuna_storage: optuna.storages.RDBStorage | None = None
+        self._term: int | None = None
+        """The leadership term `_slots` belong to."""
         self._slots: dict[int, _Slot] = {}
         self._errors: Counter[str] = Counter()
 
-    def tick(self) -> None:
-        """One pass over workers, leases, running jobs and queued jobs (module docstring)."""
+    @property
+    def leading(self) -> bool:
+        """Whether this scheduler held the lease at its last claim."""
+        return self.leadership.leading
+
+    def tick(self) -> bool:
+        """One pass over workers, leases, running jobs and queued jobs (module docstring), if this scheduler
+        holds the lease; whether it did."""
         with self.sessions() as session:
+            if not self._lead(session):
+                return False
             storage.mark_lost_workers(session=session, timeout=self.heartbeat_timeout)
             storage.expire_leases(session=session)
             running = _jobs(session=session, status=JobStatus.RUNNING)
             for job in running:
+                if not self._still_leading(session):
+                    return False
                 self._guarded(session, job, self._drive)
             busy = self._running_study_names(session=session)
             for job in reversed(_jobs(session=session, status=JobStatus.QUEUED)):  # oldest first
+                if not self._still_leading(session):
+                    return False
                 self._guarded(session, job, lambda s, j: self._start(s, j, busy))
             self._prune(session=session, running=running)
+            return True
+
+    def resign(self) -> None:
+        """Hand the lease over (a clean stop): another controller takes over on its next pass."""
+        with self.sessions() as session:
+            self.leadership.resign(session=session)
+
+    # --- leadership -----------------------------------------------------------------------------------------
+
+    def _lead(self, session: Session) -> bool:
+        """Claim the lease; on a new term, drop what this process remembers of the studies (module docstring)."""
+        term = self.leadership.claim(session=session)
+        if term != self._term:
+            self._slots.clear()
+            self._errors.clear()
+            self._term = term
+        return term is not None
+
+    def _still_leading(self, session: Session) -> bool:
+        """Between jobs of a long pass: renew the lease when due; False (stop the pass) once it is lost."""
+        term = self.leadership.keep(session=session)
+        return term is not None and term == self._term
+
+    def _optuna(self) -> optuna.storages.RDBStorage:
+        """Optuna's storage, built on first use: only the leader needs it, and building it creates Optuna's
+        tables, which several processes starting on a fresh database must not race to do."""
+        if self._optuna_storage is None:
+            self._optuna_storage = _optuna_storage(self.engine)
+        return self._optuna_storage
 
     def _prune(self, *, session: Session, running: list[Job]) -> None:
         """Drop the studies of jobs that ended or were cancelled since the last pass."""
@@ -218,7 +273,7 @@ class Scheduler:
         slot = _Slot(
             job_id=job.id,
             study=SlotStudy(
-                storage=self.optuna_storage,
+                storage=self._optuna(),
                 gpu=gpu,
                 shape=_shape(job),
                 slot=Slot(study.slot),
@@ -285,8 +340,12 @@ class Scheduler:
 class SchedulerThread:
     """Runs `Scheduler.tick` every ``interval_s`` on a daemon thread until `stop`."""
 
-    def __init__(self, *, engine: Engine, interval_s: float, heartbeat_timeout_s: float, queue_depth: int) -> None:
-        self.scheduler = Scheduler(engine=engine, heartbeat_timeout_s=heartbeat_timeout_s, queue_depth=queue_depth)
+    def __init__(
+        self, *, engine: Engine, interval_s: float, heartbeat_timeout_s: float, queue_depth: int, leader_ttl_s: float
+    ) -> None:
+        self.scheduler = Scheduler(
+            engine=engine, heartbeat_timeout_s=heartbeat_timeout_s, queue_depth=queue_depth, leader_ttl_s=leader_ttl_s
+        )
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
@@ -295,8 +354,13 @@ class SchedulerThread:
         self._thread.start()
 
     def stop(self) -> None:
+        """Finish the pass under way, then hand the lease over so another controller need not wait it out."""
         self._stop.set()
         self._thread.join()
+        try:
+            self.scheduler.resign()
+        except TRANSIENT:  # the database is gone: the lease runs out by itself
+            log.warning("could not hand over the scheduler lease; it expires in %s", self.scheduler.leadership.ttl)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -1,6 +1,7 @@
 """Storage of the tuning service: SQLAlchemy models and the only functions that touch SQL.
 
-Routes, the controller and workers call these functions (keyword arguments only) and never write SQL.
+Routes, the controller and workers call these functions (keyword arguments only) and never write SQL; the
+controllers sharing a database also decide here which one of them schedules (`storage.leader`).
 SQLite (WAL, the default, at a per-user data path) serves one machine; PostgreSQL serves scale-out, with
 Optuna's `RDBStorage` tables in the same database beside ours (ours are all prefixed ``autotune_``).
 Typical start-up::
@@ -16,6 +17,7 @@ from storage.best import get_best, list_winners, upsert_best
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
 from storage.errors import Conflict, LeaseLost, NotFound, StorageError
 from storage.jobs import cancel_job, create_job, get_job, list_jobs, set_job_status
+from storage.leader import SCHEDULER, acquire_leadership, get_leader, release_leadership
 from storage.migrate import VERSION_TABLE, alembic_config, current_revision, upgrade
 from storage.models import (
     Backend,
@@ -23,6 +25,7 @@ from storage.models import (
     Job,
     JobStatus,
     LayerStudy,
+    LeaderLease,
     Trial,
     TrialPurpose,
     TrialState,
@@ -48,6 +51,7 @@ from storage.workers import get_worker, heartbeat, list_workers, mark_lost_worke
 
 __all__ = [
     "LEASE_EXPIRED",
+    "SCHEDULER",
     "VERSION_TABLE",
     "Backend",
     "BestConfig",
@@ -56,6 +60,7 @@ __all__ = [
     "Job",
     "JobStatus",
     "LayerStudy",
+    "LeaderLease",
     "LeaseLost",
     "NotFound",
     "Page",
@@ -66,6 +71,7 @@ __all__ = [
     "TrialState",
     "Worker",
     "WorkerStatus",
+    "acquire_leadership",
     "add_layer_study",
     "add_trial",
     "alembic_config",
@@ -81,6 +87,7 @@ __all__ = [
     "get_best",
     "get_job",
     "get_layer_study",
+    "get_leader",
     "get_trial",
     "get_worker",
     "heartbeat",
@@ -91,6 +98,7 @@ __all__ = [
     "list_workers",
     "mark_lost_workers",
     "register_worker",
+    "release_leadership",
     "renew_lease",
     "session_factory",
     "set_job_status",

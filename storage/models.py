@@ -227,3 +227,25 @@ class Worker(Base):
     status: Mapped[WorkerStatus]
     registered_at: Mapped[datetime]
     last_heartbeat: Mapped[datetime] = mapped_column(index=True)
+
+
+class LeaderLease(Base):
+    """Who holds a role that one controller process at a time may play (the scheduler), and until when.
+
+    A row per role, taken and renewed by `storage.leader`: the holder renews ``expires_at`` while it is
+    alive; once that passes, any other process may take the role over.  ``term`` counts the hand-overs, so a
+    process can tell "I renewed my lease" from "I lost it and got it back" (its in-memory state is then stale).
+    """
+
+    __tablename__ = f"{TABLE_PREFIX}leader_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """The role, e.g. ``"scheduler"``."""
+    holder: Mapped[str] = mapped_column(String(256))
+    """The process holding (or that last held) the role: ``host:pid:random``."""
+    term: Mapped[int]
+    """1 for the first holder, +1 every time the role is taken rather than renewed."""
+    acquired_at: Mapped[datetime]
+    """When the current term began."""
+    expires_at: Mapped[datetime]
+    """The role is free from this moment on unless the holder renews it first."""

@@ -4,8 +4,8 @@
 Test modules load this file with ``pytest_plugins = ("conftest_service",)`` (which also brings the storage
 suite's ``sqlite_url`` / ``postgres_url`` fixtures) and never import it, so pytest can rewrite its asserts.
 
-Short leases, heartbeats and scheduler passes keep the tests fast; each process gets its own data folder
-(``XDG_DATA_HOME``) so no test touches the user's default database or token file.
+Short leases (trials' and the scheduler's), heartbeats and scheduler passes keep the tests fast; each process
+gets its own data folder (``XDG_DATA_HOME``) so no test touches the user's default database or token file.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ FAST_ENV = {
     "AUTOTUNE_LEASE_S": "3",
     "AUTOTUNE_HEARTBEAT_TIMEOUT_S": "5",
     "AUTOTUNE_SCHEDULER_INTERVAL_S": "0.1",
+    "AUTOTUNE_LEADER_TTL_S": "3",
 }
 START_TIMEOUT_S = 60.0
 CLI = [sys.executable, "-c", "from autotune.cli.app import main; main()"]
@@ -104,8 +105,9 @@ class Service:
         self.controller: Proc | None = None
         self.workers: list[Proc] = []
 
-    def start_controller(self) -> None:
+    def start_controller(self, *, extra: list[str] = ()) -> None:
         args = ["serve", "--db", self.db_url, "--port", str(self.port), "--token", TOKEN, "--log-level", "warning"]
+        args += extra
         self.controller = Proc(args, env=self.env, log=self.tmp / "controller.log")
         wait_until(self._healthy, timeout_s=START_TIMEOUT_S, what=f"the controller at {self.url}")
 
@@ -120,13 +122,18 @@ class Service:
     def client(self, *, token: str | None = TOKEN) -> Client:
         return Client(self.url, token=token, timeout_s=10)
 
-    def _healthy(self) -> bool:
+    def health(self) -> dict[str, Any] | None:
+        """``GET /healthz`` of whichever controller process answers; None while none does."""
         if self.controller is not None and self.controller.popen.poll() is not None:
             pytest.fail(f"controller exited:\n{self.controller.tail()}")
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            response = httpx.get(f"{self.url}/healthz", timeout=1)
         except httpx.TransportError:
-            return False
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    def _healthy(self) -> bool:
+        return self.health() is not None
 
     def wait_until(self, check: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
         return wait_until(check, timeout_s=timeout_s, what=what)

@@ -7,6 +7,7 @@ finds no 5xx and no response that breaks the spec.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -221,6 +222,33 @@ def test_without_a_token_the_controller_refuses_to_start() -> None:
         Settings(no_auth=True, host="0.0.0.0").check_auth()
     assert exposed.value.field == "host"
     Settings(no_auth=True, host="127.0.0.1").check_auth()
+
+
+def test_a_scheduler_lease_shorter_than_a_few_passes_is_refused() -> None:
+    with pytest.raises(InputError) as short:
+        Settings(scheduler_interval_s=1.0, leader_ttl_s=2.0).check_scheduler()
+    assert short.value.field == "leader_ttl_s" and "scheduler_interval_s" in short.value.rule
+    Settings(scheduler_interval_s=1.0, leader_ttl_s=4.0).check_scheduler()
+
+
+def test_settings_survive_the_trip_through_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """How `serve --workers N` configures its API processes: what one process set, the others read back."""
+    settings = Settings(db_url="sqlite:////tmp/x.db", token="s3cret", no_auth=False, port=8123, leader_ttl_s=7.5)
+    env = settings.to_environment()
+    assert env["AUTOTUNE_TOKEN"] == "s3cret" and env["AUTOTUNE_SCHEDULER"] == "true"
+    for name in [n for n in os.environ if n.startswith("AUTOTUNE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert Settings() == settings
+
+
+def test_healthz_says_this_process_schedules(idle_service: Service, anonymous: httpx.Client) -> None:
+    health = idle_service.wait_until(
+        lambda: (h := anonymous.get("/healthz").json())["leading"] and h, timeout_s=10, what="the scheduler lease"
+    )
+    assert health["scheduler"]
+    assert health["leader"].count(":") == 2  # host:pid:random
 
 
 @pytest.mark.slow

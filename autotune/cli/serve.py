@@ -5,11 +5,20 @@ database: the controller, plus one worker process on the local GPUs or the CPU b
 token to.  Without ``--token``/``AUTOTUNE_TOKEN`` the controller uses (and on first start creates) the
 token file of `autotune.local_token`, so it is never open by accident; ``--no-auth`` runs it open, on a
 loopback bind only.
+
+``--workers N`` serves the API from N uvicorn processes (one core each at most: Python runs one request at
+a time per process).  This command then exports its settings as ``AUTOTUNE_*`` variables (the token too: the
+environment, never argv), migrates the database once, and hands uvicorn `worker_app`, which each process
+builds from that environment.  Every process runs the scheduler loop and the database's scheduler lease lets
+exactly one of them schedule (`autotune.scheduler`); SQLite in WAL mode serves several processes of one
+machine.  ``--local-worker`` still starts one tuning worker, from this (uvicorn's supervising) process, not
+one per API process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import subprocess
@@ -20,9 +29,12 @@ from typing import Annotated, Any
 import optuna
 import typer
 import uvicorn
+from fastapi import FastAPI
 from pydantic import SecretStr
+from uvicorn.config import LOGGING_CONFIG
 
-from api.main import create_app
+import storage
+from api.main import app_from_env, create_app
 from api.settings import Settings
 from autotune.cli.measure import default_backend
 from autotune.local_token import load_or_create_token, token_path
@@ -30,6 +42,9 @@ from autotune.local_token import load_or_create_token, token_path
 WORKER_STOP_TIMEOUT_S = 10.0
 _CLI_MAIN = "from autotune.cli.app import main; main()"
 """How the local worker is started: this interpreter, the same CLI, so it runs in the same environment."""
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+WORKER_APP = f"{__name__}:worker_app"
+"""The factory each uvicorn process of ``--workers N`` imports."""
 
 
 def serve(
@@ -45,9 +60,17 @@ def serve(
     token: Annotated[str | None, typer.Option(help="Bearer token for writes and workers (or AUTOTUNE_TOKEN)")] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="No token at all; loopback bind only")] = False,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="API processes (uvicorn workers; one schedules, by lease). Not tuning workers: see --local-worker",
+        ),
+    ] = 1,
 ) -> None:
     """Run the controller: REST API under /v1, OpenAPI at /docs, dashboard at /."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per study and trial would drown the log
     overrides: dict[str, Any] = {"db_url": db, "host": host, "port": port, "token": token}
     overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -60,10 +83,58 @@ def serve(
     if settings.token is None and not settings.no_auth:
         settings = settings.model_copy(update={"token": SecretStr(load_or_create_token())})
         typer.echo(f"token: in {token_path()} (clients on this machine read it; others need AUTOTUNE_TOKEN)", err=True)
-    app = create_app(settings)
+    # Workers poll for claims every second: access lines only when debugging.
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": log_level,
+        "log_config": _log_config(log_level),
+        "access_log": log_level == "debug",
+    }
+    app: FastAPI | str = create_app(settings) if workers == 1 else _prepare_workers(settings)
     with _local_worker(settings, backend) if local_worker else contextlib.nullcontext():
-        # Workers poll for claims every second: access lines only when debugging.
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, access_log=log_level == "debug")
+        uvicorn.run(app, workers=workers, factory=workers > 1, **options)
+
+
+def worker_app() -> FastAPI:
+    """The app of one uvicorn process of ``serve --workers N``: the controller the exported environment describes."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # this process imports optuna anew: quiet it here too
+    return app_from_env()
+
+
+def _prepare_workers(settings: Settings) -> str:
+    """Check and export ``settings`` for the API processes and migrate the database once; `worker_app`'s name.
+
+    Checking here fails the command once with the reason, instead of N processes failing alike; migrating
+    here means an unreachable database stops the command (exit 1) before any process starts, and the
+    processes find the schema at head.
+    """
+    settings.check_auth()
+    settings.check_scheduler()
+    os.environ.update(settings.to_environment())  # spawned processes inherit it
+    engine = storage.create_engine_for(url=settings.db_url)
+    try:
+        storage.upgrade(engine=engine)
+    finally:
+        engine.dispose()
+    return WORKER_APP
+
+
+def _log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging plus ours (the scheduler's, the API's) on stderr at ``level``.
+
+    uvicorn applies it in every process it runs the app in; its worker processes are spawned, so they
+    inherit none of this process's logging set-up.
+    """
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["formatters"]["autotune"] = {"format": LOG_FORMAT}
+    config["handlers"]["autotune"] = {
+        "class": "logging.StreamHandler",
+        "formatter": "autotune",
+        "stream": "ext://sys.stderr",
+    }
+    config["root"] = {"handlers": ["autotune"], "level": level.upper()}
+    return config
 
 
 @contextlib.contextmanager
