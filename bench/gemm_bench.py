@@ -11,8 +11,9 @@ What it measures (bf16, random normal inputs, fp32 accumulate):
   2. 8192^3 with the SM count held to sm-8, sm-16, sm-32, 100 and 66: `matmul` (``num_sms``, a hard bound)
      beside `cublas_matmul` (cuBLASLt SM carve-out, a hint);
   3. a sweep of tile configs on 8192^3 and two layer shapes, and which one wins.
-Method: CUDA events around each call, variants interleaved (A B A B ...) after warm-ups, median and
-p20/p80 of the repeats; inputs rotate through enough buffer sets to exceed the L2 cache twice over.
+Method: CUDA events around each call, each behind a ~100 us GPU sleep so that the host's launch work
+(Triton's launcher, TMA descriptors) is not timed, variants interleaved (A B A B ...) after warm-ups,
+median and p20/p80 of the repeats; inputs rotate through enough buffer sets to exceed the L2 cache twice over.
 Every variant is checked once against cuBLAS (relative Frobenius error <= 1e-2).
 
 Exit status: 0 all correct, 1 a variant failed or was wrong (the JSON is written either way), 2 usage.
@@ -157,6 +158,8 @@ class Operands:
 
 
 Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
+LEAD_CYCLES = 200_000
+"""GPU sleep before each timed call, about 100 us at H200 clocks: longer than any host launch here."""
 
 
 def time_interleaved(ops: Operands, variants: dict[str, Variant], *, warmup: int, repeats: int) -> dict[str, dict]:
@@ -170,6 +173,7 @@ def time_interleaved(ops: Operands, variants: dict[str, Variant], *, warmup: int
         a, b, out = ops.sets[i % n_sets]
         for name, fn in variants.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(LEAD_CYCLES)  # the host queues the call while the GPU sleeps: GPU time is timed
             start.record()
             fn(a, b, out)
             end.record()

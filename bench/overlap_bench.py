@@ -41,6 +41,7 @@ def grid() -> list[OverlapConfig]:
     for streams in (1, 2, 3):
         for gemm in ("cublas", "triton"):
             configs.append(OverlapConfig(method=Method.RING_EXCHANGE, num_max_streams=streams, gemm=gemm))
+    configs.append(OverlapConfig(method=Method.RING_EXCHANGE, fused=True, gemm="triton"))
     configs.append(OverlapConfig(method=Method.RING_EXCHANGE, use_ce=False, num_sm=16, num_max_streams=2))
     configs.append(OverlapConfig(method=Method.RING_EXCHANGE, use_ce=False, num_max_streams=2))
     for splits in (2, 4, 8):

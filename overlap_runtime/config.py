@@ -74,6 +74,10 @@ class OverlapConfig:
     """pipeline: launch GEMM chunk i+1 before the RS of chunk i."""
     gemm: str | None = None
     """Our knob: which GEMM runs the chunks, "triton" (ours, SM-bounded) or "cublas"."""
+    fused: bool = False
+    """Our knob, ring_exchange with our triton GEMM: all tp chunks in one launch that moves them itself
+    (all-gather: waits in-kernel for each copy-engine push; reduce-scatter: stores each partial into its
+    owner's buffer from the epilogue and adds the ones received), see `ring_gemm`."""
 
     def __post_init__(self) -> None:
         try:
@@ -84,7 +88,7 @@ class OverlapConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ConfigError(name, "must be an integer", value)
-        for name in ("aggregate", "set_sm_margin", "atomic_gemm", "fp8_buf", "pipeline_rs_overlap_first_gemm"):
+        for name in ("aggregate", "set_sm_margin", "atomic_gemm", "fp8_buf", "pipeline_rs_overlap_first_gemm", "fused"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, "must be true or false", getattr(self, name))
         if self.use_ce is not None and not isinstance(self.use_ce, bool):
@@ -142,8 +146,9 @@ def check_config(
         for name in _CPU_MEANINGLESS:
             if getattr(config, name) is not None:
                 raise ConfigError(name, "has no meaning on the cpu backend; leave it unset", getattr(config, name))
-        if config.set_sm_margin:
-            raise ConfigError("set_sm_margin", "has no meaning on the cpu backend; leave it false", True)
+        for name in ("set_sm_margin", "fused"):
+            if getattr(config, name):
+                raise ConfigError(name, "has no meaning on the cpu backend; leave it false", True)
     _check_knobs(config, gemm, limits)
 
 
@@ -173,10 +178,11 @@ def sm_driven_comm(config: OverlapConfig) -> bool:
     """Whether the comm runs as SM kernels (NCCL), so num_sm / cga_size shape it.
 
     ring_exchange defaults to the copy engine (TE's use_ce=True); bulk defaults to TE's SM-driven
-    collective and moves to copy-engine pushes only when use_ce is asked for explicitly.
+    collective and moves to copy-engine pushes only when use_ce is asked for explicitly.  A fused ring runs
+    no comm kernel: its all-gather rides the copy engine and its reduce-scatter the GEMM's own stores.
     """
     if config.method == Method.RING_EXCHANGE:
-        return config.use_ce is False
+        return config.use_ce is False and not config.fused
     if config.method == Method.BULK:
         return config.use_ce is not True
     return config.method == Method.PIPELINE
@@ -189,7 +195,7 @@ def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | N
         for name in ("num_sm", "num_splits", "use_ce", "cga_size", "num_max_streams", "comm_priority", "gemm_priority"):
             if getattr(config, name) is not None:
                 raise ConfigError(name, "has no meaning for method none (nothing overlaps)", getattr(config, name))
-        for name in ("aggregate", "set_sm_margin", "pipeline_rs_overlap_first_gemm"):
+        for name in ("aggregate", "set_sm_margin", "pipeline_rs_overlap_first_gemm", "fused"):
             if getattr(config, name):
                 raise ConfigError(name, "has no meaning for method none (nothing overlaps)", True)
     if config.num_sm is not None:
@@ -257,3 +263,23 @@ def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | N
                 raise ConfigError(name, f"must be a stream priority between {hi} (highest) and {lo}", value)
     if config.gemm is not None and config.gemm not in GEMM_KINDS:
         raise ConfigError("gemm", f"must be one of {', '.join(GEMM_KINDS)}", config.gemm)
+    if config.fused:
+        _check_fused(config)
+
+
+def _check_fused(config: OverlapConfig) -> None:
+    """A fused ring is one launch of our GEMM that moves the chunks itself: nothing else may shape them."""
+    if config.method != Method.RING_EXCHANGE:
+        raise ConfigError(
+            "fused", f"only a ring_exchange fuses its chunks into one GEMM, not {config.method.value}", True
+        )
+    if config.gemm != "triton":
+        raise ConfigError("fused", 'needs gemm="triton" (our GEMM waits for and stores the chunks)', True)
+    for name, why in (
+        ("use_ce", "the fused ring picks its transfers (copy engine in, epilogue stores out)"),
+        ("num_max_streams", "one launch has no chunk streams"),
+    ):
+        if getattr(config, name) is not None:
+            raise ConfigError(name, f"must be left unset with fused: {why}", getattr(config, name))
+    if config.aggregate:
+        raise ConfigError("aggregate", "a fused ring has no ring steps to aggregate", True)

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 from overlap_runtime import gemm as gemm_kernels
+from overlap_runtime import ring_gemm
+from overlap_runtime.symmetric import Counters, PeerBuffer
 
 ALIGN_SLEEP_CYCLES = 4_000_000
 """About 2 ms at H200 clocks."""
@@ -110,6 +112,34 @@ class Device:
             gemm_kernels.matmul(a, b, out, num_sms=num_sms)
         else:
             gemm_kernels.cublas_matmul(a, b, out, num_sms=num_sms)
+
+    def gather_gemm(
+        self, a: torch.Tensor, ring: PeerBuffer, b: torch.Tensor, out: torch.Tensor, *, epoch: int, num_sms: int | None
+    ) -> None:
+        """``out = all_gather(a) @ b`` in one launch of our GEMM, each peer chunk read from ``ring`` once its
+        ready flag reaches ``epoch`` (`ring_gemm.gather_matmul`)."""
+        ready = ring.flags[: self.tp]
+        ring_gemm.gather_matmul(a, ring.local, b, out, ready=ready, epoch=epoch, rank=self.rank, num_sms=num_sms)
+
+    def scatter_gemm(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        parts: torch.Tensor,
+        counts: Counters,
+        box: PeerBuffer,
+        epoch: int,
+        plan: ring_gemm.ScatterPlan,
+    ) -> None:
+        """``out = reduce_scatter(a @ b)`` (our chunk) in one launch of our GEMM that stages the other owners'
+        partials in ``parts`` (counted per row group in ``counts``) and adds what arrived in ``box``
+        (`ring_gemm.scatter_matmul`); the copy engine's pushes are the caller's."""
+        ring_gemm.scatter_matmul(
+            a, b, out, parts=parts, counts=counts.words[: (self.tp - 1) * len(plan.groups)], recv=box.local,
+            ready=box.flags[: self.tp * box.lanes], epoch=epoch, rank=self.rank, plan=plan,
+        )  # fmt: skip
 
     def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
         """The best library GEMM at full SMs: the `gemm_ms` reference."""

@@ -17,11 +17,15 @@ So ``num_sms`` is a *hard bound*: at most ``num_sms`` programs exist, so the GEM
 carve-out on the cuBLASLt path (the only path that reads it, ``torch_flux.md`` §2.1), a target that
 cuBLASLt's heuristic may turn into a different kernel but that is no guarantee of the SMs it uses.
 
+Tiles move by TMA (tensor descriptors built on the host) whenever every operand has unit stride in its
+last dim and 16-byte aligned rows, the layouts the runtime uses; other views take pointer loads with masks.
+With TMA the persistent loop is flattened (the next tile's loads start under this tile's last MMAs).
+
 Measured on one H200 (132 SMs, torch 2.11, Triton 3.6, `bench/gemm_bench.py`, 2026-11-30): 128x256x64
-tiles, 8 warps, 4 stages ran 8192^3 bf16 at 762 TFLOP/s, 1.01x cuBLAS; 0.93-1.01x cuBLAS on the TP=2
-layer GEMMs of the anchor shapes with M >= 4096 or N >= 12288, 0.80-0.86x on the h5120 s2048 ones (M=2048,
-N <= 6912).  Held to 124 / 116 / 100 / 66 SMs it took 1.06 / 1.12 / 1.30 / 1.99x its full-chip time
-(cuBLASLt with the carve-out: 1.03 / 1.09 / 1.30 / 1.98x).
+tiles, 8 warps, 3 stages ran 8192^3 bf16 at 1.01x cuBLAS; at the median of the 41 TP=2 layer GEMMs of the
+anchor shapes 0.994x cuBLAS (pointer loads had reached 0.973x), 0.77-0.95x on the h5120 s2048 ones (M=2048,
+N <= 7680).  Held to 124 / 116 / 100 / 66 SMs it took 1.06 / 1.12 / 1.29 / 1.96x its full-chip time
+(cuBLASLt with the carve-out: 1.03 / 1.10 / 1.30 / 1.97x).
 
 The kernel is launched on the current CUDA stream of ``a``'s device.  With ``TRITON_INTERPRET=1`` set
 before this module is imported, it runs in Triton's interpreter on CPU tensors (the tests do this).
@@ -38,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from overlap_runtime.errors import ConfigError, InputError
 
@@ -52,8 +57,8 @@ MAX_INT32_OFFSET = 2**31 - 1
 
 # Relative speed of one program per tile shape (tile flops per unit time, 128x256 = 1), used by
 # `choose_config` to trade tile efficiency against idle SMs in the last wave.  From `bench/gemm_bench.py`
-# on one H200 (2026-11-30): 128x128 (4 warps) ran at 0.92-0.97 of 128x256's rate on 8192^3 and beat it on
-# 2048x5120x2560 and 2048x2560x5120 (0.098 vs 0.110 / 0.118 ms); 64x128 ran at 0.59 (measured before the
+# on one H200 (2026-11-30): 128x128 (4 warps) ran at 0.92-0.97 of 128x256's rate on 8192^3 (0.97 with TMA)
+# and beat it on 2048x2560x5120 (0.096 vs 0.113 ms with TMA); 64x128 ran at 0.59 (measured before the
 # mask-free EVEN_* paths existed).  Re-check with the benchmark's sweep when the kernel changes.
 _TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.92, (64, 128): 0.59}
 
@@ -96,8 +101,9 @@ class GemmTileConfig:
         return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}_g{self.group_m}"
 
 
-LARGE = GemmTileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
-"""Large problems: cuBLAS parity at 8192^3 bf16 on H200 (h200_anchors.md)."""
+LARGE = GemmTileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+"""Large problems: cuBLAS parity at 8192^3 bf16 on H200 (h200_anchors.md).  Three stages: with TMA the
+epilogue's [128, 256] staging tile shares the 227 KB of shared memory with them (four do not fit)."""
 MEDIUM = GemmTileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
 """When 128x256 tiles would leave many SMs idle in the last wave."""
 SMALL = GemmTileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
@@ -128,7 +134,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int) -> G
 
 
 @triton.jit
-def _load_block(ptrs, rows_ok, cols_ok, EVEN_ROWS: tl.constexpr, EVEN_COLS: tl.constexpr):
+def load_block(ptrs, rows_ok, cols_ok, EVEN_ROWS: tl.constexpr, EVEN_COLS: tl.constexpr):
     """Load a 2-D block, masking (with zeros) only the dimensions that can be ragged."""
     if EVEN_ROWS and EVEN_COLS:
         block = tl.load(ptrs)
@@ -142,10 +148,114 @@ def _load_block(ptrs, rows_ok, cols_ok, EVEN_ROWS: tl.constexpr, EVEN_COLS: tl.c
 
 
 @triton.jit
+def tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of ``tile`` in grouped order: GROUP_M rows of tiles are walked column by column, so
+    the b-blocks they share stay in L2."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // num_pid_in_group) * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
+    pid_n = (tile % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def tile_product(
+    a,
+    b,
+    off_m,
+    off_n,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """The fp32 tile ``a[off_m:off_m+BLOCK_M, :] @ b[:, off_n:off_n+BLOCK_N]``.  With TMA, ``a`` and ``b`` are
+    tensor descriptors (the copy hardware zero-fills past the edges); else pointers with strides and masks."""
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
+    if TMA:
+        for ki in range((K + BLOCK_K - 1) // BLOCK_K):
+            a_block = a.load([off_m, ki * BLOCK_K])
+            b_block = b.load([ki * BLOCK_K, off_n])
+            acc = _dot(a_block, b_block, acc, FP32_IEEE, UPCAST)
+    else:
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        offs_k0 = tl.arange(0, BLOCK_K)
+        mask_m = offs_m < M  # masks are applied only where EVEN_* says a dimension can be ragged
+        mask_n = offs_n < N
+        a_ptrs = a + offs_m[:, None] * stride_am + offs_k0[None, :] * stride_ak
+        b_ptrs = b + offs_k0[:, None] * stride_bk + offs_n[None, :] * stride_bn
+        for ki in range((K + BLOCK_K - 1) // BLOCK_K):
+            mask_k = offs_k0 < K - ki * BLOCK_K
+            a_block = load_block(a_ptrs, mask_m, mask_k, EVEN_M, EVEN_K)
+            b_block = load_block(b_ptrs, mask_k, mask_n, EVEN_K, EVEN_N)
+            acc = _dot(a_block, b_block, acc, FP32_IEEE, UPCAST)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _dot(a, b, acc, FP32_IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:  # interpreter only: it multiplies bf16 bit patterns (triton#11584)
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    # fp32 inputs: full fp32 products, not TF32 (the tests compare against float64).
+    if FP32_IEEE:  # noqa: SIM108 (keeps the bf16 path literally `tl.dot(a, b, acc)`)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def store_tile(
+    c,
+    off_m,
+    off_n,
+    M,
+    N,
+    stride_cm,
+    stride_cn,
+    acc,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """``c[off_m:, off_n:] = acc`` in c's dtype: a descriptor store (clipped at the edges by the hardware)
+    with TMA, else a pointer store masked where a dimension can be ragged."""
+    if TMA:
+        c.store([off_m, off_n], acc.to(c.dtype))
+    else:
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        c_ptrs = c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        if EVEN_M and EVEN_N:
+            tl.store(c_ptrs, acc.to(c.dtype.element_ty))
+        else:
+            tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
 def _persistent_matmul_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
+    a,
+    b,
+    c,
     M,
     N,
     K,
@@ -165,55 +275,25 @@ def _persistent_matmul_kernel(
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    # Only tl builtins here (no tl.cdiv, tl.zeros & co., @jit functions of triton.language): then the
-    # interpreter runs this kernel even when triton was imported before TRITON_INTERPRET=1 was set.
+    # Only tl builtins and our own @jit helpers here (no tl.cdiv, tl.zeros & co., @jit functions of
+    # triton.language): then the interpreter runs this kernel even when triton was imported before
+    # TRITON_INTERPRET=1 was set.
     pid = tl.program_id(axis=0)
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    num_tiles = num_pid_m * num_pid_n
-    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
-    num_pid_in_group = GROUP_M * num_pid_n
-    offs_k0 = tl.arange(0, BLOCK_K)
-
-    for tile in tl.range(pid, num_tiles, NUM_SMS):
-        # Grouped order: GROUP_M rows of tiles are walked column by column, so the b-blocks they
-        # share stay in L2.
-        group_id = tile // num_pid_in_group
-        first_pid_m = group_id * GROUP_M
-        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
-        pid_n = (tile % num_pid_in_group) // group_size_m
-
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_m = offs_m < M  # masks are applied only where EVEN_* says a dimension can be ragged
-        mask_n = offs_n < N
-        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k0[None, :] * stride_ak
-        b_ptrs = b_ptr + offs_k0[:, None] * stride_bk + offs_n[None, :] * stride_bn
-
-        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
-        for ki in range(k_tiles):
-            mask_k = offs_k0 < K - ki * BLOCK_K
-            a = _load_block(a_ptrs, mask_m, mask_k, EVEN_M, EVEN_K)
-            b = _load_block(b_ptrs, mask_k, mask_n, EVEN_K, EVEN_N)
-            if UPCAST:  # interpreter only: it multiplies bf16 bit patterns (triton#11584)
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            # fp32 inputs: full fp32 products, not TF32 (the tests compare against float64).
-            if FP32_IEEE:  # noqa: SIM108 (keeps the bf16 path literally `tl.dot(a, b, acc)`)
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
-
-        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        c = acc.to(c_ptr.dtype.element_ty)
-        if EVEN_M and EVEN_N:
-            tl.store(c_ptrs, c)
-        else:
-            tl.store(c_ptrs, c, mask=mask_m[:, None] & mask_n[None, :])
+    # flatten: the K loops of consecutive tiles form one software pipeline (loads of the next tile start
+    # under the last MMAs of this one); measured with TMA only.
+    for tile in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=TMA):
+        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_product(
+            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        )  # fmt: skip
+        store_tile(
+            c, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA
+        )
 
 
 INTERPRETED = isinstance(_persistent_matmul_kernel, InterpretedFunction)
@@ -228,18 +308,21 @@ def matmul(
     *,
     num_sms: int | None = None,
     config: GemmTileConfig | None = None,
+    tma: bool = True,
 ) -> torch.Tensor:
     """``out = a @ b`` on at most ``num_sms`` SMs (None: all of the device's; 4 on CPU).
 
-    ``config`` None picks tiles with `choose_config`.  Raises `InputError` (a ValueError) naming the
-    argument for bad tensors or ``num_sms``, `ConfigError` for a bad ``config``.
+    ``config`` None picks tiles with `choose_config`.  The tiles move by TMA (tensor descriptors) when
+    ``tma`` and every operand's layout allows it (`tma_descriptors`), else by pointer loads.  Raises
+    `InputError` (a ValueError) naming the argument for bad tensors or ``num_sms``, `ConfigError` for a bad
+    ``config``.
     """
-    m, n, k = _check_operands(a, b, out)
+    m, n, k = check_operands(a, b, out)
     if a.device.type != "cuda" and not INTERPRETED:
         raise InputError(
             "a", "must be a CUDA tensor (CPU tensors need TRITON_INTERPRET=1 before this import)", str(a.device)
         )
-    sms = _resolve_num_sms(a.device, num_sms)
+    sms = resolve_num_sms(a.device, num_sms)
     if config is not None and not isinstance(config, GemmTileConfig):
         raise ConfigError("config", "must be a GemmTileConfig or None", type(config).__name__)
     if out is None:
@@ -251,12 +334,11 @@ def matmul(
     cfg = config if config is not None else choose_config(m, n, k, a.dtype, sms)
     grid = (min(sms, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)),)
     for name, t in (("a", a), ("b", b), ("out", out)):
-        _check_int32_offsets(name, t, cfg)
+        check_int32_offsets(name, t, cfg)
+    descriptors = tma_descriptors(cfg, a, b, out) if tma else None
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
         _persistent_matmul_kernel[grid](
-            a,
-            b,
-            out,
+            *(descriptors or (a, b, out)),
             m,
             n,
             k,
@@ -276,10 +358,29 @@ def matmul(
             EVEN_M=m % cfg.block_m == 0,
             EVEN_N=n % cfg.block_n == 0,
             EVEN_K=k % cfg.block_k == 0,
+            TMA=descriptors is not None,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
     return out
+
+
+def tma_descriptors(cfg: GemmTileConfig, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple | None:
+    """TMA descriptors of a's [block_m, block_k], b's [block_k, block_n] and c's [block_m, block_n] tiles, or
+    None when a layout rules TMA out (it needs unit stride in the last dim and 16-byte aligned rows)."""
+    if not all(tma_layout(t) for t in (a, b, c)):
+        return None
+    return (
+        TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
+        TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n]),
+        TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n]),
+    )
+
+
+def tma_layout(t: torch.Tensor) -> bool:
+    """Whether a tensor descriptor can address ``t``: unit last stride, 16-byte aligned base and strides."""
+    size = t.element_size()
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in t.stride()[:-1])
 
 
 def cublas_matmul(
@@ -297,14 +398,14 @@ def cublas_matmul(
     Not thread-safe against other threads launching cuBLAS meanwhile.  A strided ``out`` is written in
     place (``torch.mm``'s ``out=`` takes any strides).
     """
-    m, n, _ = _check_operands(a, b, out)
+    m, n, _ = check_operands(a, b, out)
     if num_sms is not None and a.device.type != "cuda":
         raise InputError("num_sms", "can only be set for CUDA tensors (cuBLAS SM carve-out)", num_sms)
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if num_sms is None:
         return torch.mm(a, b, out=out)
-    sm_count = _resolve_num_sms(a.device, num_sms)
+    sm_count = resolve_num_sms(a.device, num_sms)
     total = torch.cuda.get_device_properties(a.device).multi_processor_count
     prev_backend = torch.backends.cuda.preferred_blas_library()
     prev_carveout = torch._C._get_sm_carveout_experimental()
@@ -325,7 +426,7 @@ def device_sm_count(device: torch.device) -> int:
     return CPU_DEFAULT_NUM_SMS
 
 
-def _resolve_num_sms(device: torch.device, num_sms: int | None) -> int:
+def resolve_num_sms(device: torch.device, num_sms: int | None) -> int:
     if num_sms is None:
         return device_sm_count(device)
     if not _is_int(num_sms) or num_sms < 1:
@@ -335,7 +436,7 @@ def _resolve_num_sms(device: torch.device, num_sms: int | None) -> int:
     return int(num_sms)
 
 
-def _check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tuple[int, int, int]:
+def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tuple[int, int, int]:
     """Validate ``a [M, K] @ b [K, N] -> out [M, N]``; returns (M, N, K)."""
     named = [("a", a), ("b", b)] + ([("out", out)] if out is not None else [])
     for name, t in named:
@@ -362,7 +463,7 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) 
     return m, n, k
 
 
-def _check_int32_offsets(name: str, t: torch.Tensor, cfg: GemmTileConfig) -> None:
+def check_int32_offsets(name: str, t: torch.Tensor, cfg: GemmTileConfig) -> None:
     # Offsets of every element of a tile are computed (masked ones too), up to one block past the edge.
     pad = max(cfg.block_m, cfg.block_n, cfg.block_k)
     reach = sum((size + pad) * stride for size, stride in zip(t.shape, t.stride(), strict=True))

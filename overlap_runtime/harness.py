@@ -21,7 +21,7 @@ from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_co
 from overlap_runtime.device import Device, Timer
 from overlap_runtime.group import RankContext
 from overlap_runtime.measurement import REL_ERR_LIMIT, Measurement
-from overlap_runtime.methods import Operands, Plan, comm_only, gemm_only, run, serial
+from overlap_runtime.methods import BULK_GATHERED, Operands, Plan, comm_only, gemm_only, run, serial
 from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
 
 ROTATE_BYTES = 128 << 20
@@ -74,8 +74,12 @@ def make_operands(dev: Device, gemm: SlotGemm, seed: int) -> tuple[Operands, lis
     n_sets = 1 if not dev.is_cuda else max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / set_bytes)))
     sets = [(rand(*a_shape), rand(gemm.k, gemm.n), *([rand(*x_shape)] if x_shape else [])) for _ in range(n_sets)]
     out = torch.empty(out_shape, device=dev.device, dtype=dtype)
-    y = torch.empty(y_shape, device=dev.device, dtype=dtype) if y_shape else None
-    ops = Operands(gemm=gemm, a=sets[0][0], b=sets[0][1], out=out, x=sets[0][2] if x_shape else None, y=y)
+    ops = Operands(gemm=gemm, a=sets[0][0], b=sets[0][1], out=out, x=sets[0][2] if x_shape else None)
+    if y_shape and dev.is_cuda and gemm.collective == Collective.ALL_GATHER:
+        # Peer-mapped, as TE's userbuffer is: a copy-engine bulk all-gather pushes straight into it.
+        ops.y = ops.peer_buffer(BULK_GATHERED, y_shape).local
+    elif y_shape:
+        ops.y = torch.empty(y_shape, device=dev.device, dtype=dtype)
     return ops, sets
 
 

@@ -22,10 +22,14 @@ from typing import Any
 
 import torch
 
+from overlap_runtime import ring_gemm
 from overlap_runtime.config import Method, OverlapConfig, sm_driven_comm
 from overlap_runtime.device import CommOptions, Device
 from overlap_runtime.shape import Collective, SlotGemm
-from overlap_runtime.symmetric import ACK, READY, PeerBuffer
+from overlap_runtime.symmetric import ACK, READY, Counters, PeerBuffer
+
+BULK_GATHERED = "bulk_gathered"
+"""The peer buffer that a bulk all-gather's output ``y`` lives in on CUDA (see `_bulk_gather_ce`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,6 +43,7 @@ class Plan:
     streams: int
     comm: CommOptions
     use_ce: bool
+    fused: bool
     aggregate: bool
     num_splits: int
     first_gemm: bool
@@ -60,6 +65,7 @@ class Plan:
                 high_priority=config.comm_priority is not None and config.comm_priority < 0,
             ),
             use_ce=dev.is_cuda and config.method != Method.NONE and not sm_driven,
+            fused=config.fused,
             aggregate=config.aggregate,
             num_splits=config.num_splits or 4,
             first_gemm=config.pipeline_rs_overlap_first_gemm,
@@ -94,10 +100,16 @@ class Operands:
             self.scratch[key] = torch.empty(shape, dtype=self.a.dtype, device=self.a.device)
         return self.scratch[key]
 
-    def peer_buffer(self, name: str, shape: tuple[int, ...]) -> PeerBuffer:
+    def peer_buffer(self, name: str, shape: tuple[int, ...], *, lanes: int = 1) -> PeerBuffer:
         key = (name, shape)
         if key not in self.scratch:
-            self.scratch[key] = PeerBuffer(shape, self.a.dtype, self.a.device)
+            self.scratch[key] = PeerBuffer(shape, self.a.dtype, self.a.device, lanes=lanes)
+        return self.scratch[key]
+
+    def counters(self, name: str, n: int) -> Counters:
+        key = (name, (n,))
+        if key not in self.scratch:
+            self.scratch[key] = Counters(n, self.a.device)
         return self.scratch[key]
 
 
@@ -141,6 +153,8 @@ def run(dev: Device, ops: Operands, plan: Plan) -> None:
         _bulk(dev, ops, plan)
     elif plan.method == Method.PIPELINE:
         _pipeline_rs(dev, ops, plan)
+    elif plan.fused:
+        (_fused_ring_ag if g.collective == Collective.ALL_GATHER else _fused_ring_rs)(dev, ops, plan)
     elif g.collective == Collective.ALL_GATHER:
         (_ring_ag_ce if plan.use_ce else _ring_ag)(dev, ops, plan)
     else:
@@ -214,23 +228,29 @@ def _bulk(dev: Device, ops: Operands, plan: Plan) -> None:
 
 
 def _bulk_gather_ce(dev: Device, ops: Operands) -> None:
-    """On the current (comm) stream: push our shard ``x`` into every peer's gather buffer, collect theirs."""
+    """On the current (comm) stream: push our shard ``x`` straight into every peer's ``y`` (peer-mapped,
+    `BULK_GATHERED`), copy it into our own, and wait for theirs.
+
+    ``y`` is also written outside this protocol (a reference all-gather, the numerical check's poison), so
+    a peer may push only once we say so: each rank first raises ACK at the call's epoch ("clear to send",
+    after everything before the op), and a sender waits for it, not for the end of the previous call.
+    """
     assert ops.x is not None and ops.y is not None
     p, r = dev.tp, dev.rank
-    buf = ops.peer_buffer("bulk_gathered", tuple(ops.y.shape))
+    buf = ops.peer_buffer(BULK_GATHERED, tuple(ops.y.shape))
+    assert buf.local.data_ptr() == ops.y.data_ptr(), "y must live in the bulk peer buffer (make_operands)"
     e = buf.next_epoch()
+    peers = [(r - d) % p for d in range(1, p)]
+    for src in peers:
+        buf.signal(src, ACK, e)
     for d in range(1, p):
         peer = (r + d) % p
-        buf.wait(peer, ACK, e - 1)
+        buf.wait(peer, ACK, e)
         buf.peers[peer][ops.chunk(r)].copy_(ops.x, non_blocking=True)
         buf.signal(peer, READY, e)
     buf.local[ops.chunk(r)].copy_(ops.x, non_blocking=True)
-    peers = [(r - d) % p for d in range(1, p)]
     for src in peers:
         buf.wait(src, READY, e)
-    ops.y.copy_(buf.local, non_blocking=True)
-    for src in peers:
-        buf.signal(src, ACK, e)
 
 
 def _bulk_scatter_ce(dev: Device, ops: Operands) -> None:
@@ -362,11 +382,10 @@ def _pipeline_rs(dev: Device, ops: Operands, plan: Plan) -> None:
             ops.out[:, j * width : (j + 1) * width].copy_(scattered[j])
 
 
-def _ring_ag_ce(dev: Device, ops: Operands, plan: Plan) -> None:
-    """Copy-engine all-gather: push the local shard straight into every peer's buffer (nearest consumer
-    first), GEMM the local chunk meanwhile, then each peer's chunk as its ready flag arrives."""
+def _push_shard(dev: Device, ops: Operands, plan: Plan) -> tuple[PeerBuffer, int, Any]:
+    """On the comm stream: push the local shard straight into every peer's gather buffer (nearest consumer
+    first) and raise its ready flag there.  Returns the buffer, the call's epoch and the comm stream."""
     g, p, r = ops.gemm, dev.tp, dev.rank
-    gemm = _gemm(dev, plan)
     buf = ops.peer_buffer("gathered_peer", (g.tokens, g.k))
     e = buf.next_epoch()
     comm = dev.stream("comm", 0, plan.comm_priority)
@@ -378,6 +397,60 @@ def _ring_ag_ce(dev: Device, ops: Operands, plan: Plan) -> None:
             buf.wait(peer, ACK, e - 1)  # the peer finished reading what we pushed last call
             buf.peers[peer][ops.chunk(r)].copy_(ops.a, non_blocking=True)
             buf.signal(peer, READY, e)
+    return buf, e, comm
+
+
+def _release_chunks(dev: Device, buf: PeerBuffer, e: int) -> None:
+    """Tell every peer that what it pushed at epoch ``e`` has been read (after the GEMMs on this stream)."""
+    for s in range(1, dev.tp):
+        buf.signal((dev.rank - s) % dev.tp, ACK, e)
+
+
+def _fused_ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
+    """Copy-engine all-gather into one launch of our GEMM that starts on the local shard and reads each
+    peer's chunk once its ready flag arrives (`ring_gemm.gather_matmul`)."""
+    buf, e, comm = _push_shard(dev, ops, plan)
+    dev.gather_gemm(ops.a, buf, ops.b, ops.out, epoch=e, num_sms=plan.gemm_sms)
+    _release_chunks(dev, buf, e)
+    _join_stream(dev, comm)
+
+
+def _fused_ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
+    """One launch of our GEMM over every chunk, the other owners' first (`ring_gemm.scatter_matmul`); the
+    copy engine pushes each of their row groups to its owner as soon as the kernel has counted it done."""
+    g, p, r = ops.gemm, dev.tp, dev.rank
+    tiling = ring_gemm.scatter_plan(
+        ops.rows, g.n, g.k, chunks=p, dtype=ops.a.dtype, device=ops.a.device, num_sms=plan.gemm_sms
+    )
+    lanes = ring_gemm.max_row_groups(ops.rows)
+    box = ops.peer_buffer("scattered_peer", (p, ops.rows, g.n), lanes=lanes)
+    parts = ops.buffer("scatter_parts", (p - 1, ops.rows, g.n))
+    counts = ops.counters("scatter_counts", (p - 1) * lanes)
+    e = box.next_epoch()
+    start = dev.mark()
+    # The kernel is queued before the pushes that wait for it: should the comm stream share a hardware queue
+    # with this one (more streams than CUDA_DEVICE_MAX_CONNECTIONS), the kernel is then ahead of them.
+    dev.scatter_gemm(ops.a, ops.b, ops.out, parts=parts, counts=counts, box=box, epoch=e, plan=tiling)
+    comm = dev.stream("comm", 0, plan.comm_priority)
+    with dev.on(comm):
+        dev.wait(start)
+        for s in range(p - 1):
+            owner = (r + 1 + s) % p
+            box.wait(owner, ACK, e - 1)
+            for j, rows in enumerate(tiling.groups):
+                counts.wait(s * len(tiling.groups) + j, rows.tiles)
+                box.peers[owner][r][rows.start : rows.stop].copy_(parts[s][rows.start : rows.stop], non_blocking=True)
+                box.signal(owner, READY, e, lane=j)
+    _release_chunks(dev, box, e)
+    _join_stream(dev, comm)
+
+
+def _ring_ag_ce(dev: Device, ops: Operands, plan: Plan) -> None:
+    """Copy-engine all-gather: push the local shard straight into every peer's buffer, GEMM the local chunk
+    meanwhile, then each peer's chunk as its ready flag arrives."""
+    p, r = dev.tp, dev.rank
+    gemm = _gemm(dev, plan)
+    buf, e, comm = _push_shard(dev, ops, plan)
     lanes = Lanes(dev, plan.streams, plan.gemm_priority)
     with lanes.lane(0):
         gemm(ops.a, ops.b, ops.out[ops.chunk(r)])
@@ -387,8 +460,7 @@ def _ring_ag_ce(dev: Device, ops: Operands, plan: Plan) -> None:
             buf.wait(src, READY, e)
             gemm(buf.local[ops.chunk(src)], ops.b, ops.out[ops.chunk(src)])
     lanes.join()
-    for s in range(1, p):
-        buf.signal((r - s) % p, ACK, e)
+    _release_chunks(dev, buf, e)
     _join_stream(dev, comm)
 
 

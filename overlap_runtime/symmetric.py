@@ -29,18 +29,66 @@ def _check(result: tuple) -> None:
         raise RuntimeError(f"CUDA driver call failed: {err}")
 
 
-class PeerBuffer:
-    """A [*shape] buffer on every rank of the group, addressable from every peer, with epoch flags."""
+def stream_write(address: int, value: int) -> None:
+    """On the current stream: write the int32 ``value`` at ``address`` (any rank's mapped memory) once prior
+    work is done and visible (the default flags fence first)."""
+    driver = _driver()
+    stream = torch.cuda.current_stream().cuda_stream
+    _check(
+        driver.cuStreamWriteValue32(
+            driver.CUstream(stream),
+            driver.CUdeviceptr(address),
+            value,
+            driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
+        )
+    )
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+
+def stream_wait(address: int, value: int) -> None:
+    """Stall the current stream until the int32 at ``address`` is at least ``value`` (no kernel spins)."""
+    driver = _driver()
+    stream = torch.cuda.current_stream().cuda_stream
+    _check(
+        driver.cuStreamWaitValue32(
+            driver.CUstream(stream),
+            driver.CUdeviceptr(address),
+            value,
+            driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
+        )
+    )
+
+
+class Counters:
+    """Local int32 words that a kernel bumps and a stream waits on (`stream_wait`).  They only grow, so the
+    host keeps each one's total at the end of the current call; a call adds what its kernel will add."""
+
+    def __init__(self, n: int, device: torch.device) -> None:
+        self.words = torch.zeros(n, dtype=torch.int32, device=device)
+        self.totals = [0] * n
+
+    def wait(self, i: int, added: int) -> None:
+        """Stall the current stream until word ``i`` has grown by ``added`` in this call."""
+        self.totals[i] += added
+        stream_wait(self.words.data_ptr() + 4 * i, self.totals[i])
+
+
+class PeerBuffer:
+    """A [*shape] buffer on every rank of the group, addressable from every peer, with epoch flags.
+
+    ``lanes`` > 1 gives each (kind, source) pair that many flags, for data that arrives in parts (flag
+    ``(kind, src, lane)`` is word ``(kind * world + src) * lanes + lane``).
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, lanes: int = 1) -> None:
         group = dist.group.WORLD
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.rank, self.world, self.lanes = dist.get_rank(), dist.get_world_size(), lanes
         self.local = symm_mem.empty(*shape, dtype=dtype, device=device)
         handle = symm_mem.rendezvous(self.local, group)
         self.peers = [handle.get_buffer(p, shape, dtype) for p in range(self.world)]
-        self._flags = symm_mem.empty(2 * self.world, dtype=torch.int32, device=device)
-        self._flags.zero_()
-        flag_handle = symm_mem.rendezvous(self._flags, group)
+        self.flags = symm_mem.empty(2 * self.world * lanes, dtype=torch.int32, device=device)
+        """This rank's flag words, [READY per source and lane, ACK per source and lane]."""
+        self.flags.zero_()
+        flag_handle = symm_mem.rendezvous(self.flags, group)
         self._flag_ptrs = list(flag_handle.buffer_ptrs)
         self.epoch = 0
         torch.cuda.synchronize(device)
@@ -52,33 +100,15 @@ class PeerBuffer:
         self.epoch += 1
         return self.epoch
 
-    def _addr(self, owner: int, kind: int, src: int) -> int:
-        return self._flag_ptrs[owner] + 4 * (kind * self.world + src)
+    def _addr(self, owner: int, kind: int, src: int, lane: int) -> int:
+        return self._flag_ptrs[owner] + 4 * ((kind * self.world + src) * self.lanes + lane)
 
-    def signal(self, peer: int, kind: int, epoch: int) -> None:
-        """On the current stream: set ``peer``'s flag ``(kind, self.rank)`` to ``epoch`` once prior work is done."""
-        driver = _driver()
-        stream = torch.cuda.current_stream().cuda_stream
-        _check(
-            driver.cuStreamWriteValue32(
-                driver.CUstream(stream),
-                driver.CUdeviceptr(self._addr(peer, kind, self.rank)),
-                epoch,
-                driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
-            )
-        )
+    def signal(self, peer: int, kind: int, epoch: int, lane: int = 0) -> None:
+        """On the current stream: set ``peer``'s flag ``(kind, self.rank, lane)`` to ``epoch`` once prior work
+        is done."""
+        stream_write(self._addr(peer, kind, self.rank, lane), epoch)
 
-    def wait(self, src: int, kind: int, epoch: int) -> None:
-        """Stall the current stream until this rank's flag ``(kind, src)`` reaches ``epoch``."""
-        if epoch <= 0:
-            return
-        driver = _driver()
-        stream = torch.cuda.current_stream().cuda_stream
-        _check(
-            driver.cuStreamWaitValue32(
-                driver.CUstream(stream),
-                driver.CUdeviceptr(self._addr(self.rank, kind, src)),
-                epoch,
-                driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
-            )
-        )
+    def wait(self, src: int, kind: int, epoch: int, lane: int = 0) -> None:
+        """Stall the current stream until this rank's flag ``(kind, src, lane)`` reaches ``epoch``."""
+        if epoch > 0:
+            stream_wait(self._addr(self.rank, kind, src, lane), epoch)

@@ -94,7 +94,9 @@ def _runtime_caveat(config: OverlapConfig, tp: int) -> str:
     bulk overlap never uses the copy engine, and its userbuffers kernels stop at 32 SMs where our runtime's
     NCCL kernels go on to 64."""
     differs = []
-    if config.gemm not in (None, "cublas"):
+    if config.fused:
+        differs.append("our GEMM fused with the ring, one launch over all chunks (TE runs cuBLAS per chunk)")
+    elif config.gemm not in (None, "cublas"):
         differs.append(f"our {config.gemm} GEMM (TE runs cuBLAS)")
     streams = te_streams(config, tp)
     if config.num_max_streams not in (None, streams):

@@ -18,7 +18,7 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.shape import DTYPES, ModelShape, Slot
 from search_spaces.catalog import ATOMIC_PAIRS, EXTERNAL_PARTNER, RS_DGRAD_WGRAD, SLOT_ORDER, slot_info, suggest
 
-RUNTIME_ONLY_KNOBS = ("num_max_streams", "gemm")
+RUNTIME_ONLY_KNOBS = ("num_max_streams", "gemm", "fused")
 """OverlapConfig fields that TE has no key for (TE raises TypeError on unknown ub_cfgs keys)."""
 
 
@@ -92,7 +92,7 @@ def _check_entry(slot: Slot, config: OverlapConfig) -> None:
         )
     check_method(slot, config.method)
     for name in RUNTIME_ONLY_KNOBS:
-        if getattr(config, name) is not None:
+        if getattr(config, name) not in (None, False):
             raise PresetError(f"{where}.{name}", "is our runtime's knob, not a TE ub_cfgs key", getattr(config, name))
 
 

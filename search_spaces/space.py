@@ -20,8 +20,8 @@ which and why).  Stream priorities (``comm_priority`` / ``gemm_priority``) are l
 sets them and TE's defaults (comm highest, GEMM lowest) are what overlap wants.  ``atomic_gemm`` and
 ``fp8_buf`` are left out because the runtime runs bf16 GEMMs only.
 
-Grid sizes on an H100/H200 (64-SM cap), hidden 8192, tp 8: an all-gather slot 373 configs, a bulk wgrad
-slot 127, proj_fprop 467, qkv_dgrad 593 (bulk, ring_exchange and pipeline).  The pipeline grid grows with
+Grid sizes on an H100/H200 (64-SM cap), hidden 8192, tp 8: an all-gather slot 384 configs, a bulk wgrad
+slot 127, proj_fprop 478, qkv_dgrad 604 (bulk, ring_exchange and pipeline).  The pipeline grid grows with
 the divisors of the width (hidden 12288: splits 2, 3, 4, 6, 8, 12, 16).
 CPU spaces hold at most about twenty configs.
 """
@@ -197,6 +197,7 @@ def slot_space(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLim
         "cga_size": CGA_SIZES,
         "num_max_streams": STREAMS,
         "gemm": GEMM_KINDS,
+        "fused": (False, True),
     }
     params = {name: Param(name=name, choices=values) for name, values in choices.items()}
     return SlotSpace(slot=slot, shape=shape, backend=backend, limits=limits, methods=methods, params=params)
@@ -211,7 +212,8 @@ def _no_overlap(space: SlotSpace, gemm: SlotGemm) -> Tree:
 def _ring_exchange(space: SlotSpace, gemm: SlotGemm) -> Tree:
     """tp chunks (tp/2 aggregated) moved point to point while the GEMM works on the previous one.
 
-    use_ce picks copy-engine pushes or SM copy kernels; num_sm is asked only where it means something:
+    ``fused`` (CUDA, unaggregated rings) first: one launch of our GEMM over every chunk (`_fused_ring`);
+    otherwise use_ce picks copy-engine pushes or SM copy kernels; num_sm is asked only where it means something:
     the SM copy kernel's CTAs, or the SMs a margin keeps off the GEMM (NVIDIA's reduce-scatter presets:
     num_sm 1 with a margin).  The SM copies' cluster size is left to the runtime: point-to-point copies
     gain nothing from clusters.
@@ -224,12 +226,26 @@ def _ring_exchange(space: SlotSpace, gemm: SlotGemm) -> Tree:
             steps //= 2
     if space.cpu:
         return knobs
+    if not knobs.get("aggregate"):
+        knobs["fused"] = yield space.params["fused"]
+        if knobs["fused"]:
+            return (yield from _fused_ring(space))
     knobs["use_ce"] = yield space.params["use_ce"]
     knobs["set_sm_margin"] = yield space.params["set_sm_margin"]
     if not knobs["use_ce"] or knobs["set_sm_margin"]:
         knobs["num_sm"] = yield space.params["num_sm"]
     knobs["gemm"] = yield space.params["gemm"]
     knobs["num_max_streams"] = yield from _streams(space, steps, always=knobs["use_ce"] and steps >= 2)
+    return knobs
+
+
+def _fused_ring(space: SlotSpace) -> Tree:
+    """One launch of our GEMM that moves the chunks itself: only an SM margin is left to choose (transfers,
+    streams and the GEMM are implied by the fusion)."""
+    knobs: dict[str, Any] = {"fused": True, "gemm": "triton"}
+    knobs["set_sm_margin"] = yield space.params["set_sm_margin"]
+    if knobs["set_sm_margin"]:
+        knobs["num_sm"] = yield space.params["num_sm"]
     return knobs
 
 

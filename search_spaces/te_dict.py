@@ -176,12 +176,13 @@ def _value(field: str, key: str, value: object) -> bool | int:
 def te_config(slot: Slot, config: OverlapConfig) -> OverlapConfig:
     """TE's effective entry for a config our runtime ran: unset knobs take TE's defaults, runtime-only knobs go.
 
-    ``num_max_streams`` and ``gemm`` have no TE key: TE always rotates over min(3, chunks) streams and runs
-    cuBLAS, so a result measured with other values may not carry over exactly.
+    ``num_max_streams``, ``gemm`` and ``fused`` have no TE key: TE always rotates over min(3, chunks) streams
+    and runs cuBLAS per chunk, so a result measured with other values may not carry over exactly.
     """
     if config.method == Method.NONE:
         raise PresetError(f"{slot.value}.method", "none is not a TE method", "none")
-    plain = dataclasses.replace(config, **dict.fromkeys(RUNTIME_ONLY_KNOBS))
+    defaults = {f.name: f.default for f in dataclasses.fields(OverlapConfig)}
+    plain = dataclasses.replace(config, **{name: defaults[name] for name in RUNTIME_ONLY_KNOBS})
     given = {k: getattr(plain, k) for k in used_keys(slot, plain.method) if getattr(plain, k) is not None}
     if plain.num_sm is None:  # the runtime cannot set a margin without num_sm: "no margin" there means "default"
         given.pop("set_sm_margin", None)

@@ -1,10 +1,5 @@
 """The persistent Triton GEMM (`overlap_runtime.gemm`) in Triton's interpreter, against float64 torch.
 
-`@triton.jit` picks the interpreter when the decorated module is imported, so TRITON_INTERPRET=1 is set
-here before `overlap_runtime.gemm` is imported; if another test module imported it earlier without the
-variable, `_load_gemm` re-executes it (``importlib.reload``: same module object, new kernel objects).
-That is enough because the kernel calls only tl builtins: triton's own @jit helpers (tl.cdiv, tl.zeros, ...)
-stay compiled-mode objects when triton was imported first, and the interpreter cannot call those.
 Sizes stay small: the interpreter runs every program in numpy.
 """
 
@@ -12,50 +7,13 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"
-
-import importlib
-from types import ModuleType
-
-import numpy as np
 import pytest
 import torch
+from triton_interpreter import interpreted
 
 from overlap_runtime.errors import ConfigError, InputError
 
-
-def _fix_interpreter_for_numpy_2_4() -> None:
-    """Triton 3.6's interpreter calls ``int()`` on 1-element arrays for loop bounds, which numpy >= 2.4
-    rejects (triton-lang/triton#9171, fixed upstream by #9172): convert through a 0-d view instead."""
-    try:
-        int(np.zeros(1))  # type: ignore[call-overload]
-        return
-    except TypeError:
-        pass
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "numpy_2_4_fix", False):
-        return
-
-    def patched(tensor: object, scope: interpreter._LangPatchScope) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
-
-    patched.numpy_2_4_fix = True  # type: ignore[attr-defined]
-    interpreter._patch_lang_tensor = patched
-
-
-def _load_gemm() -> ModuleType:
-    _fix_interpreter_for_numpy_2_4()
-    module = importlib.import_module("overlap_runtime.gemm")
-    if not module.INTERPRETED:  # imported earlier in this process without TRITON_INTERPRET=1
-        module = importlib.reload(module)
-    assert module.INTERPRETED
-    return module
-
-
-gemm = _load_gemm()
+gemm = interpreted("overlap_runtime.gemm")
 GemmTileConfig = gemm.GemmTileConfig
 
 ODD_SHAPES = [(67, 45, 33), (130, 257, 65), (1, 300, 17)]
@@ -147,6 +105,32 @@ def test_mask_free_paths_for_dims_that_are_multiples_of_the_block(m: int, n: int
     gemm.matmul(a, b, out, num_sms=3, config=cfg)
     assert _rel_err(out, _reference(a, b)) <= REL_TOL[dtype]
     assert buf[:, :32].isnan().all() and buf[:, 32 + n :].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("m", "n", "k"), [(96, 128, 64), (70, 56, 40)], ids=["whole-tiles", "ragged"])
+def test_tma_and_pointer_loads_agree_where_descriptors_can_address_the_operands(
+    m: int, n: int, k: int, dtype: torch.dtype
+) -> None:
+    cfg = GemmTileConfig(block_m=32, block_n=32, block_k=16, num_warps=4, num_stages=2, group_m=2)
+    a, b = _operands(m, n, k, dtype, seed=8)
+    out = torch.full((m, n), float("nan"), dtype=dtype)
+    assert gemm.tma_descriptors(cfg, a, b, out) is not None  # rows of 16-byte multiples: TMA serves
+    ref = _reference(a, b)
+    for tma in (True, False):
+        out.fill_(float("nan"))
+        gemm.matmul(a, b, out, num_sms=3, config=cfg, tma=tma)
+        assert _rel_err(out, ref) <= REL_TOL[dtype], tma
+
+
+def test_tma_is_ruled_out_by_layouts_it_cannot_address() -> None:
+    cfg = gemm.LARGE
+    a, b = _operands(64, 64, 64, torch.bfloat16)
+    out = torch.empty(64, 64, dtype=torch.bfloat16)
+    assert gemm.tma_descriptors(cfg, a, b, out) is not None
+    assert gemm.tma_descriptors(cfg, a.t(), b, out) is None  # transposed: unit stride on the wrong dim
+    assert gemm.tma_descriptors(cfg, torch.empty(64, 67, dtype=torch.bfloat16)[:, :64], b, out) is None  # 134 B rows
+    assert gemm.tma_descriptors(cfg, a, b, torch.empty(64, 65, dtype=torch.bfloat16)[:, 1:]) is None  # 2 B offset
 
 
 def test_more_sms_than_tiles_and_one_sm_for_many_tiles() -> None:
@@ -346,12 +330,16 @@ def test_interpreter_runs_the_kernel_even_when_triton_was_imported_first() -> No
     from pathlib import Path
 
     script = """
-import importlib.util, os, torch
-import overlap_runtime.gemm  # compiled mode: triton.language's @jit helpers are compiled-mode objects now
-spec = importlib.util.spec_from_file_location("test_gemm_late", "tests/test_gemm.py")
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)  # sets TRITON_INTERPRET=1 and reloads overlap_runtime.gemm
-module.test_matches_float64_on_odd_shapes((67, 45, 33), torch.bfloat16, 3)
+import importlib.util, os, sys, torch
+sys.path.insert(0, "tests")
+import overlap_runtime.ring_gemm  # compiled mode: triton.language's @jit helpers are compiled-mode objects now
+def load(name):
+    spec = importlib.util.spec_from_file_location(name + "_late", f"tests/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # sets TRITON_INTERPRET=1 and reloads the kernel modules
+    return module
+load("test_gemm").test_matches_float64_on_odd_shapes((67, 45, 33), torch.bfloat16, 3)
+load("test_ring_gemm").test_gather_reads_the_local_shard_in_place_and_every_arrived_chunk(2, 1, torch.bfloat16, 96, True)
 print("ok")
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

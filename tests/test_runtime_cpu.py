@@ -83,6 +83,47 @@ def test_illegal_config_gets_its_specific_error(slot: str, config: OverlapConfig
     assert rule in str(info.value)
 
 
+RX_TRITON = {"method": "ring_exchange", "gemm": "triton"}
+
+
+@pytest.mark.parametrize(
+    ("slot", "config", "field", "rule"),
+    [
+        ("qkv_wgrad", OverlapConfig(method="bulk", fused=True, gemm="triton"), "fused", "only a ring_exchange"),
+        ("qkv_fprop", OverlapConfig(method="ring_exchange", fused=True), "fused", 'needs gemm="triton"'),
+        ("qkv_fprop", OverlapConfig(**RX_TRITON, fused=True, use_ce=True), "use_ce", "left unset with fused"),
+        (
+            "proj_fprop",
+            OverlapConfig(**RX_TRITON, fused=True, num_max_streams=2),
+            "num_max_streams",
+            "no chunk streams",
+        ),
+        ("qkv_fprop", OverlapConfig(**RX_TRITON, fused=True, num_sm=8), "num_sm", "only matters for SM-driven"),
+        ("qkv_fprop", OverlapConfig(**RX_TRITON, fused=True, cga_size=2), "cga_size", "only shapes SM-driven"),
+        ("qkv_fprop", OverlapConfig(method="none", fused=True), "fused", "no meaning for method none"),
+    ],
+)
+def test_a_fused_ring_refuses_every_knob_it_would_ignore(
+    slot: str, config: OverlapConfig, field: str, rule: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_config(config, problem(shape_for(4), Slot(slot), config.method), backend="cuda")
+    assert info.value.field == field
+    assert rule in str(info.value)
+
+
+def test_a_fused_ring_runs_on_cuda_only_and_never_aggregated() -> None:
+    fused = OverlapConfig(**RX_TRITON, fused=True)
+    gemm = problem(shape_for(4), Slot.QKV_FPROP, fused.method)
+    check_config(fused, gemm, backend="cuda")
+    check_config(OverlapConfig(**RX_TRITON, fused=True, set_sm_margin=True, num_sm=8), gemm, backend="cuda")
+    with pytest.raises(ConfigError, match="no ring steps to aggregate"):
+        check_config(OverlapConfig(**RX_TRITON, fused=True, aggregate=True), gemm, backend="cuda")
+    with pytest.raises(ConfigError) as info:
+        check_config(OverlapConfig(method="ring_exchange", fused=True), gemm, backend="cpu")
+    assert info.value.field == "fused" and "cpu backend" in str(info.value)
+
+
 def test_aggregate_needs_tp_four() -> None:
     config = OverlapConfig(method="ring_exchange", aggregate=True)
     with pytest.raises(ConfigError, match="even tp >= 4"):

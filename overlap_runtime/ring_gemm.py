@@ -1,0 +1,395 @@
+"""Our persistent GEMM fused with a ring exchange: all tp chunks in ONE launch that moves chunks itself.
+
+Splitting a GEMM into tp chunk launches costs each launch its last, partly idle wave (at h12288 s2048
+qkv_fprop two M=1024 halves took 0.06 ms more than the whole: half the comm it was meant to hide).  One
+persistent launch over every chunk's tiles has a single tail, and the chunk order lives in its tile order:
+
+- `gather_matmul` (all-gather slots): ``out = all_gather(a) @ b``.  The tiles of the local shard come
+  first, then each peer's chunk in ring order; a program's first tile of a peer chunk spins until that
+  chunk's ready flag reaches the call's epoch (the copy engine pushed it and wrote the flag, see
+  `symmetric`), then reads it.  The local shard is read in place, never copied into the gathered buffer.
+- `scatter_matmul` (reduce-scatter slots): ``out = reduce_scatter(a @ b)``, our chunk.  The tiles of every
+  other owner's chunk come first, stored into a local staging buffer and counted per row group (a release
+  atomic); the copy engine, stalled on each group's count by a stream wait, pushes the group into the
+  owner's receive slot and raises the owner's flag for it.  Our own chunk comes last and its epilogue
+  adds the partials received, each row group once its flags arrived: no separate reduction kernel, and
+  the partials travel group by group while the GEMM computes.  (Storing partials straight into the
+  owner's memory from the epilogue was tried first: the NVLink stores and the release fence behind them
+  held each program up, 0.161 ms against 0.131 ms for cuBLAS chunks at h4096 proj_fprop on 2 x H200.)
+
+Layouts (row-major, per rank; P = tp, R = rows per chunk = T / P):
+    gather:  a [R, K] local shard, ring [P*R, K] (chunk c = rows c*R.., written by peer c), b [K, N],
+             out [P*R, N]
+    scatter: a [P*R, K] (chunk c = the rows owner c keeps), b [K, N], out [R, N],
+             parts [P-1, R, N] (staging, step s = owner rank+1+s), recv [P, R, N] (slot s = rank s's partial)
+
+Flags are int32 words of `symmetric.PeerBuffer` that only grow: the kernels wait for ``ready[src] >=
+epoch`` (per row group for the scatter); the caller's copy-engine pushes wait until the owner acknowledged
+the previous call, so a slot is never overwritten while its owner still reads it.
+
+A flag that never comes spins forever: the group's watchdog kills such a call (`group`).  On CPU tensors
+with ``TRITON_INTERPRET=1`` both kernels run in Triton's interpreter, with the peers' side prepared by
+the caller (the tests do this).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from overlap_runtime import gemm
+from overlap_runtime.errors import InputError
+
+
+@triton.jit
+def _wait_at_least(flag_ptr, target):
+    """Spin until the int32 at ``flag_ptr`` reaches ``target`` (acquire, system scope: the data that the
+    flag publishes, written by another GPU or its copy engine, is visible after it)."""
+    while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys") < target:
+        pass
+    tl.debug_barrier()  # every thread of the program reads after the one that saw the flag
+
+
+@triton.jit
+def _gather_matmul_kernel(
+    a,
+    ring,
+    b,
+    c,
+    ready_ptr,
+    R,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    rank,
+    epoch,
+    CHUNKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    pid = tl.program_id(axis=0)
+    num_pid_m = (R + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    chunk_tiles = num_pid_m * num_pid_n
+    arrived = 0  # the last ring step whose chunk this program saw arrive (step 0: the local shard)
+    for tile in tl.range(pid, CHUNKS * chunk_tiles, NUM_SMS):
+        step = tile // chunk_tiles
+        src = (rank + CHUNKS - step) % CHUNKS
+        pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        rows = a
+        row0 = off_m
+        if step > 0:
+            if step > arrived:  # tiles only move forward, so one wait per chunk and program
+                _wait_at_least(ready_ptr + src, epoch)
+                arrived = step
+            if TMA:  # chunk rows are whole tiles (the host checks), so a descriptor over the ring serves
+                rows = ring
+                row0 = src * R + off_m
+            else:
+                rows = ring + src * R * stride_am
+        # One K loop for every chunk: two would each hold their own pipeline stages in shared memory.
+        acc = gemm.tile_product(
+            rows, b, row0, off_n, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        )  # fmt: skip
+        if TMA:
+            gemm.store_tile(
+                c, src * R + off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA
+            )
+        else:
+            gemm.store_tile(
+                c + src * R * stride_cm, off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M,
+                EVEN_N, TMA,
+            )  # fmt: skip
+
+
+@triton.jit
+def _scatter_matmul_kernel(
+    a,
+    b,
+    c,
+    parts_ptr,
+    counts_ptr,
+    recv_ptr,
+    ready_ptr,
+    R,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    rank,
+    epoch,
+    lanes,
+    CHUNKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    pid = tl.program_id(axis=0)
+    num_pid_m = (R + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    chunk_tiles = num_pid_m * num_pid_n
+    groups = (num_pid_m + GROUP_M - 1) // GROUP_M
+    arrived = -1  # the last row group of our chunk whose received partials this program saw arrive
+    for tile in tl.range(pid, CHUNKS * chunk_tiles, NUM_SMS):
+        step = tile // chunk_tiles
+        owner = (rank + 1 + step) % CHUNKS  # others first, our own chunk last
+        pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
+        group = pid_m // GROUP_M  # the grouped order finishes a chunk's row groups one after another
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        if TMA:
+            acc = gemm.tile_product(
+                a, b, owner * R + off_m, off_n, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+            )  # fmt: skip
+        else:
+            acc = gemm.tile_product(
+                a + owner * R * stride_am, b, off_m, off_n, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+            )  # fmt: skip
+        if step < CHUNKS - 1:
+            # A pointer store, not TMA's asynchronous one: the count below must release finished data.
+            gemm.store_tile(
+                parts_ptr + step * R * N, off_m, off_n, R, N, N, 1, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, False
+            )
+            tl.debug_barrier()  # the whole tile is stored before the count releases it to the copy engine
+            tl.atomic_add(counts_ptr + step * groups + group, 1, sem="release", scope="gpu")
+        else:
+            if group > arrived:  # tiles only move forward, so one wait per row group and program
+                for d in tl.static_range(1, CHUNKS):
+                    _wait_at_least(ready_ptr + ((rank + CHUNKS - d) % CHUNKS) * lanes + group, epoch)
+                arrived = group
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            for d in tl.static_range(1, CHUNKS):
+                src = (rank + CHUNKS - d) % CHUNKS
+                part_ptrs = recv_ptr + src * R * N + offs_m[:, None] * N + offs_n[None, :]
+                acc += gemm.load_block(part_ptrs, offs_m < R, offs_n < N, EVEN_M, EVEN_N).to(tl.float32)
+            gemm.store_tile(c, off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA)
+
+
+def gather_matmul(
+    a: torch.Tensor,
+    ring: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    ready: torch.Tensor,
+    epoch: int,
+    rank: int,
+    num_sms: int | None = None,
+    config: gemm.GemmTileConfig | None = None,
+    tma: bool = True,
+) -> torch.Tensor:
+    """``out = all_gather(a) @ b`` in one launch: chunk ``rank`` from ``a``, chunk c from ``ring`` once
+    ``ready[c] >= epoch`` (see the module docstring for layouts; ``config`` and ``tma`` as in `gemm.matmul`)."""
+    rows = a.shape[0]
+    chunks = _chunks(ring, rows, "ring")
+    gemm.check_operands(a, b, None)
+    gemm.check_operands(ring, b, out)
+    if ring.stride() != a.stride():
+        raise InputError("ring", f"strides must equal a's {a.stride()}", ring.stride())
+    _expect_flags("ready", ready, chunks)
+    tiled = ((a, "a"), (ring, "a"), (b, "b"), (out, "c"))
+    _launch(_gather_matmul_kernel, tiled, (ready,), a=a, b=b, out=out, rank=rank, scalars=(epoch,), chunks=chunks,
+            num_sms=num_sms, config=config, tma=tma)  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowGroup:
+    """Rows [start, stop) of a chunk, whose ``tiles`` tiles `scatter_matmul` finishes together."""
+
+    start: int
+    stop: int
+    tiles: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScatterPlan:
+    """How one `scatter_matmul` call tiles a chunk: what the copy engine's waits need before the launch."""
+
+    config: gemm.GemmTileConfig
+    num_sms: int
+    groups: tuple[RowGroup, ...]
+
+
+def max_row_groups(rows: int) -> int:
+    """An upper bound of `scatter_plan`'s row groups for any tile config (flag lanes are sized by it)."""
+    smallest = min(cfg.block_m * cfg.group_m for cfg in (gemm.LARGE, gemm.MEDIUM, gemm.SMALL))
+    return triton.cdiv(rows, smallest)
+
+
+def scatter_plan(
+    rows: int,
+    n: int,
+    k: int,
+    *,
+    chunks: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    num_sms: int | None,
+    config: gemm.GemmTileConfig | None = None,
+) -> ScatterPlan:
+    """The tile config (``config``, else `gemm.choose_config`'s) and row groups of `scatter_matmul` for
+    chunks of ``rows`` x ``n`` (depth ``k``)."""
+    sms = gemm.resolve_num_sms(device, num_sms)
+    cfg = config or gemm.choose_config(chunks * rows, n, k, dtype, sms)
+    tiles_n = triton.cdiv(n, cfg.block_n)
+    span = cfg.block_m * cfg.group_m
+    groups = tuple(
+        RowGroup(
+            start=lo, stop=min(lo + span, rows), tiles=triton.cdiv(min(lo + span, rows) - lo, cfg.block_m) * tiles_n
+        )
+        for lo in range(0, rows, span)
+    )
+    return ScatterPlan(config=cfg, num_sms=sms, groups=groups)
+
+
+def scatter_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    parts: torch.Tensor,
+    counts: torch.Tensor,
+    recv: torch.Tensor,
+    ready: torch.Tensor,
+    epoch: int,
+    rank: int,
+    plan: ScatterPlan,
+    tma: bool = True,
+) -> None:
+    """``out = reduce_scatter(a @ b)[rank]`` in one launch (see the module docstring; ``tma`` as in
+    `gemm.matmul`).
+
+    ``parts`` [P-1, R, N]: our partials for the other owners, in step order (owner rank+1+s); each stored tile
+    bumps ``counts[s * groups + g]`` of its row group g (release, so the copy engine that waits for a group's
+    count reads finished data).  ``recv`` [P, R, N]: slot src = the partial that src sent us, row group g
+    in once ``ready[src * lanes + g] >= epoch`` (lanes = ``ready.numel() // P``).
+    """
+    rows, n = out.shape
+    chunks = _chunks(a, rows, "a")
+    gemm.check_operands(a[:rows], b, out)
+    groups = len(plan.groups)
+    for name, t, shape in (("parts", parts, (chunks - 1, rows, n)), ("recv", recv, (chunks, rows, n))):
+        if tuple(t.shape) != shape or t.dtype != a.dtype or not t.is_contiguous():
+            raise InputError(name, f"must be a contiguous {a.dtype} tensor of shape {shape}", tuple(t.shape))
+    _expect_flags("counts", counts, (chunks - 1) * groups)
+    if ready.dtype != torch.int32 or not ready.is_contiguous() or ready.numel() < chunks * groups:
+        raise InputError("ready", f"must hold at least {chunks * groups} contiguous int32 flags", tuple(ready.shape))
+    _launch(_scatter_matmul_kernel, ((a, "a"), (b, "b"), (out, "c")), (parts, counts, recv, ready), a=a[:rows],
+            b=b, out=out, rank=rank, scalars=(epoch, ready.numel() // chunks), chunks=chunks, num_sms=plan.num_sms,
+            config=plan.config, tma=tma)  # fmt: skip
+
+
+def _launch(
+    kernel: triton.JITFunction,
+    tiled: tuple[tuple[torch.Tensor, str], ...],
+    flags: tuple[torch.Tensor, ...],
+    *,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    rank: int,
+    scalars: tuple[int, ...],
+    chunks: int,
+    num_sms: int | None,
+    config: gemm.GemmTileConfig | None,
+    tma: bool,
+) -> None:
+    """Launch a ring kernel over ``chunks`` chunks of the problem ``a [R, K] @ b [K, N]``.
+
+    ``tiled`` are the kernel's leading operands, each with its role ("a", "b" or "c": which tile shape a
+    descriptor of it moves), ``flags`` its pointer-only tensors after them, ``scalars`` its arguments after
+    ``rank``.  The tiles move by TMA when ``tma``, every layout allows and a chunk is whole tiles.
+    """
+    (rows, k), n = a.shape, b.shape[1]
+    if not 0 <= rank < chunks:
+        raise InputError("rank", f"must be between 0 and {chunks - 1}", rank)
+    if a.device.type != "cuda" and not gemm.INTERPRETED:
+        raise InputError("a", "must be a CUDA tensor (CPU tensors need TRITON_INTERPRET=1)", str(a.device))
+    sms = gemm.resolve_num_sms(a.device, num_sms)
+    cfg = config or gemm.choose_config(chunks * rows, n, k, a.dtype, sms)
+    grid = (min(sms, chunks * triton.cdiv(rows, cfg.block_m) * triton.cdiv(n, cfg.block_n)),)
+    for name, t in (("a", a), ("b", b), ("out", out)):
+        gemm.check_int32_offsets(name, t, cfg)
+    tma = tma and rows % cfg.block_m == 0 and all(gemm.tma_layout(t) for t, _ in tiled)
+    blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n]}
+    operands = [TensorDescriptor.from_tensor(t, blocks[role]) if tma else t for t, role in tiled]
+    with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
+        kernel[grid](
+            *operands,
+            *flags,
+            rows,
+            n,
+            k,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            out.stride(0),
+            out.stride(1),
+            rank,
+            *scalars,
+            CHUNKS=chunks,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            NUM_SMS=sms,
+            FP32_IEEE=a.dtype == torch.float32,
+            UPCAST=gemm.INTERPRETED and a.dtype == torch.bfloat16,
+            EVEN_M=rows % cfg.block_m == 0,
+            EVEN_N=n % cfg.block_n == 0,
+            EVEN_K=k % cfg.block_k == 0,
+            TMA=tma,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+
+
+def _chunks(t: torch.Tensor, rows: int, name: str) -> int:
+    """How many chunks of ``rows`` rows ``t`` holds (at least 2: a ring needs a peer)."""
+    if t.dim() != 2 or rows < 1 or t.shape[0] % rows or t.shape[0] // rows < 2:
+        raise InputError(name, f"must be 2-D with rows a multiple (>= 2) of the chunk's {rows}", tuple(t.shape))
+    return t.shape[0] // rows
+
+
+def _expect_flags(name: str, flags: torch.Tensor, count: int) -> None:
+    if flags.dtype != torch.int32 or flags.numel() != count or not flags.is_contiguous():
+        raise InputError(name, f"must be {count} contiguous int32 flags", tuple(flags.shape))
