@@ -52,6 +52,9 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 CPU_DEFAULT_NUM_SMS = 4
 """Programs launched on CPU tensors (Triton's interpreter) when ``num_sms`` is None."""
 
+SMEM_SLACK = 1024
+"""Shared memory Triton adds to a TMA kernel's tiles (barriers; 32 bytes measured at 128x256x64)."""
+
 MAX_INT32_OFFSET = 2**31 - 1
 """The kernel computes element offsets in int32: larger views are rejected, not silently wrapped."""
 
@@ -367,14 +370,28 @@ def matmul(
 
 def tma_descriptors(cfg: GemmTileConfig, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple | None:
     """TMA descriptors of a's [block_m, block_k], b's [block_k, block_n] and c's [block_m, block_n] tiles, or
-    None when a layout rules TMA out (it needs unit stride in the last dim and 16-byte aligned rows)."""
-    if not all(tma_layout(t) for t in (a, b, c)):
+    None when `tma_fits` rules TMA out."""
+    if not tma_fits(cfg, a, b, c):
         return None
     return (
         TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
         TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n]),
         TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n]),
     )
+
+
+def tma_fits(cfg: GemmTileConfig, *tensors: torch.Tensor) -> bool:
+    """Whether ``cfg`` can move the tiles of ``tensors`` by TMA: every layout allows it (`tma_layout`) and the
+    stages plus the epilogue's staging tile, which TMA adds, fit in the device's shared memory (a config that
+    fills it with stages, like 256x128x64 with 4, runs with pointer loads instead)."""
+    if not all(tma_layout(t) for t in tensors):
+        return False
+    device = tensors[0].device
+    if device.type != "cuda":
+        return True
+    tiles = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) + cfg.block_m * cfg.block_n
+    limit = triton.runtime.driver.active.utils.get_device_properties(device.index)["max_shared_mem"]
+    return tiles * tensors[0].element_size() + SMEM_SLACK <= limit
 
 
 def tma_layout(t: torch.Tensor) -> bool:

@@ -348,7 +348,7 @@ def _launch(
     grid = (min(sms, chunks * triton.cdiv(rows, cfg.block_m) * triton.cdiv(n, cfg.block_n)),)
     for name, t in (("a", a), ("b", b), ("out", out)):
         gemm.check_int32_offsets(name, t, cfg)
-    tma = tma and rows % cfg.block_m == 0 and all(gemm.tma_layout(t) for t, _ in tiled)
+    tma = tma and rows % cfg.block_m == 0 and gemm.tma_fits(cfg, *(t for t, _ in tiled))
     blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n]}
     operands = [TensorDescriptor.from_tensor(t, blocks[role]) if tma else t for t, role in tiled]
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
