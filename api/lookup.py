@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 import storage
 from api.schemas import BestGroup, BestLayer, NearestPublic
-from autotune.gpu import preset_gpu_name
+from autotune.gpu import gpu_matches, preset_gpu_name
 from autotune.outcome import SlotOutcome
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.errors import InputError
@@ -73,17 +73,12 @@ async def shape_query(
 ShapeQueryDep = Annotated[ShapeQuery, Depends(shape_query)]
 
 
-def _gpu_matches(stored: str, asked: str) -> bool:
-    """An exact model name (as NVML reports it) or NVIDIA's short name (h100) both select a GPU model."""
-    return stored.lower() == asked.lower() or preset_gpu_name(stored) == asked.lower()
-
-
 def measured_groups(*, session: Session, query: ShapeQuery) -> list[BestGroup]:
     """The stored winners for the shape, one group per GPU model and shape key, slots in catalog order."""
     s = query.shape
     rows = storage.get_best(session=session, hidden=s.hidden, tp=s.tp, mbs=s.mbs, seq=s.seq, dtype=query.dtype)
     if query.gpu is not None:
-        rows = [r for r in rows if _gpu_matches(r.gpu, query.gpu)]
+        rows = [r for r in rows if gpu_matches(r.gpu, query.gpu)]
     if query.exact:
         rows = [r for r in rows if r.shape_key == shape_key(s)]
     groups: dict[tuple[str, str], list[BestConfig]] = {}

@@ -58,7 +58,8 @@ class JobCreate(Strict):
     backend: Backend | None = None
     """Where trials run; the controller's default (cuda, or its local worker's backend) when left out."""
     gpu: Name | None = None
-    """GPU model the trials must run on, as NVML names it (``NVIDIA H200``); any model when left out."""
+    """GPU model the trials must run on, as NVML names it (``NVIDIA H200``, any case) or short (``h200``); any
+    model when left out.  Once the job starts it carries the full name of the model it runs on."""
 
 
 class JobAccepted(BaseModel):

@@ -32,3 +32,9 @@ def preset_gpu_name(gpu: str) -> str | None:
     """The short name a preset file uses for ``gpu`` ("NVIDIA H200" -> "h200"); None when there is none."""
     found = _MODEL.search(gpu.lower())
     return found.group(1) if found else (CPU if gpu.lower() == CPU else None)
+
+
+def gpu_matches(model: str, asked: str) -> bool:
+    """Whether the GPU ``asked`` for selects ``model``: its exact name in any case ("nvidia h200") or NVIDIA's
+    short name ("h200"), so a user need not type NVML's name to the letter."""
+    return model.lower() == asked.lower() or preset_gpu_name(model) == asked.lower()

@@ -44,7 +44,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 import storage
-from autotune.gpu import CPU
+from autotune.gpu import CPU, gpu_matches
 from autotune.leadership import Leadership
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
@@ -201,7 +201,9 @@ class Scheduler:
             study = storage.add_layer_study(session=session, job_id=job.id, slot=slot, optuna_study_name=name)
             storage.update_layer_study(session=session, study_id=study.id, status=JobStatus.RUNNING)
         busy |= set(names.values())
-        storage.set_job_status(session=session, job_id=job.id, status=JobStatus.RUNNING)
+        # A job that named its GPU now carries the model's full name, which worker claims match exactly.
+        resolved = None if job.gpu is None else gpu
+        storage.set_job_status(session=session, job_id=job.id, status=JobStatus.RUNNING, gpu=resolved)
         log.info("job %s started on %s (%d slots)", job.id, gpu, len(names))
 
     def _running_study_names(self, *, session: Session) -> set[str]:
@@ -212,8 +214,9 @@ class Scheduler:
         }
 
     def _gpu_for(self, *, session: Session, job: Job) -> str | None:
-        """The GPU model the job's results are keyed by: "cpu", the job's model, or the model of a worker that
-        can run it (None while there is none, so a cuda job waits for its first worker)."""
+        """The GPU model the job's results are keyed by: "cpu", or the model of a worker that can run it and
+        that the job's ``gpu`` selects (`gpu_matches`: "h200" selects "NVIDIA H200"); None while there is none,
+        so a cuda job waits for its first worker."""
         if job.backend == Backend.CPU:
             return CPU
         capable = [
@@ -223,7 +226,7 @@ class Scheduler:
             and w.backend == Backend.CUDA
             and w.n_gpus >= job.tp
             and w.gpu_model is not None
-            and (job.gpu is None or w.gpu_model == job.gpu)
+            and (job.gpu is None or gpu_matches(w.gpu_model, job.gpu))
         ]
         return Counter(capable).most_common(1)[0][0] if capable else None
 

@@ -70,14 +70,23 @@ def list_jobs(*, session: Session, limit: int = 50, offset: int = 0, status: Job
 
 @wraps_driver_errors
 def set_job_status(
-    *, session: Session, job_id: str, status: JobStatus, error: str | None = None, now: datetime | None = None
+    *,
+    session: Session,
+    job_id: str,
+    status: JobStatus,
+    error: str | None = None,
+    gpu: str | None = None,
+    now: datetime | None = None,
 ) -> Job:
-    """Move an active job to ``status`` (``finished_at`` is stamped on a terminal one); `Conflict` if it already ended."""
+    """Move an active job to ``status`` (``finished_at`` is stamped on a terminal one); `Conflict` if it already
+    ended.  ``gpu``, when given, replaces the job's GPU (the full model name its short one resolved to)."""
     now = now or utcnow()
     status = JobStatus(status)
     values: dict[str, object] = {"status": status, "updated_at": now}
     if error is not None:
         values["error"] = error
+    if gpu is not None:
+        values["gpu"] = gpu
     if status not in ACTIVE_JOB_STATUSES:
         values["finished_at"] = now
     return _update_active_job(session=session, job_id=job_id, values=values)

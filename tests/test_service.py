@@ -178,3 +178,31 @@ def trials_of_db(service: Service, job_id: str) -> list[dict[str, Any]]:
             return [trial_view(t, slots=slots).model_dump(mode="json") for t in page.items]
     finally:
         engine.dispose()
+
+
+def test_a_job_may_name_its_gpu_by_the_short_name_and_runs_on_that_model_only(make_service, sqlite_url: str) -> None:
+    """ "h200" selects the workers that report "NVIDIA H200"; the job then carries the full name, which the
+    claims match; a model no worker has keeps its job queued."""
+    service = make_service(db_url=sqlite_url)
+    service.start_controller()
+    gpu = {"index": 0, "name": "NVIDIA H200", "memory_total_mib": 143771, "nvlink_active": 18, "sm_count": 132}
+    with service.client() as client:
+        worker = client.register(
+            {
+                "name": "h200",
+                "host": "h",
+                "backend": "cuda",
+                "gpus": [gpu, gpu],
+                "gpu_model": "NVIDIA H200",
+                "n_gpus": 2,
+            }
+        )
+        h200 = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cuda", gpu="h200")["id"]
+        a100 = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cuda", gpu="A100")["id"]
+        job = service.wait_until(
+            lambda: (j := client.job(h200))["status"] == "running" and j, timeout_s=30, what="the h200 job to start"
+        )
+        assert job["gpu"] == "NVIDIA H200"
+        claim = service.wait_until(lambda: client.claim(worker["id"]), timeout_s=30, what="a claim")
+        assert claim["job_id"] == h200
+        assert client.job(a100)["status"] == "queued" and client.job(a100)["gpu"] == "A100"

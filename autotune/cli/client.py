@@ -39,7 +39,7 @@ Mbs = Annotated[int, typer.Option(help="Micro-batch size")]
 Gpu = Annotated[str | None, typer.Option(help="GPU model, as NVML names it (NVIDIA H200) or short (h200)")]
 JobGpu = Annotated[
     str | None,
-    typer.Option(help="Only workers whose GPU model is exactly this NVML name (NVIDIA H200); default: any worker"),
+    typer.Option(help="Only workers whose GPU model this names (NVIDIA H200, or short: h200); default: any worker"),
 ]
 Dtype = Annotated[str | None, typer.Option(help="bf16 | fp8")]
 
