@@ -39,6 +39,7 @@ def test_measure_prints_the_measurement_contract_as_json() -> None:
         (["--layer", "proj_fprop", "--method", "pipeline", "--num-splits", "3"], "num_splits"),
         (["--layer", "proj_fprop", "--method", "bulk"], "method: bulk needs"),
         (["--layer", "qkv_fprop", "--method", "ring_exchange", "--num-sm", "4"], "num_sm: has no meaning on the cpu"),
+        (["--layer", "qkv_fprop", "--method", "ring_exchange", "--fused"], "fused: has no meaning on the cpu"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_field(args: list[str], message: str) -> None:

@@ -35,6 +35,9 @@ def measure(
     cga_size: Annotated[int | None, typer.Option()] = None,
     gemm: Annotated[str | None, typer.Option(help="triton | cublas")] = None,
     aggregate: Annotated[bool, typer.Option("--aggregate")] = False,
+    fused: Annotated[
+        bool, typer.Option("--fused", help="ring_exchange: our GEMM runs every chunk in one launch (--gemm triton)")
+    ] = False,
     no_ce: Annotated[bool, typer.Option("--no-ce", help="SM-driven (NCCL) copies instead of the copy engine")] = False,
     no_sm_margin: Annotated[bool, typer.Option("--no-sm-margin", help="Let the GEMM use every SM")] = False,
     atomic_gemm: Annotated[bool, typer.Option("--atomic-gemm")] = False,
@@ -67,6 +70,7 @@ def measure(
         cga_size=cga_size,
         gemm=gemm,
         aggregate=aggregate,
+        fused=fused,
         use_ce=False if no_ce else None,
         set_sm_margin=num_sm is not None and not no_sm_margin,
         atomic_gemm=atomic_gemm,
