@@ -56,7 +56,7 @@ class OverlapConfig:
     num_splits: int | None = None
     """pipeline: chunks along the GEMM's output-feature dim (must divide it)."""
     aggregate: bool = False
-    """ring_exchange all-gather: two chunks per step (tp >= 4)."""
+    """ring_exchange all-gather: two chunks per step (tp >= 4; on CUDA the send/recv ring, use_ce=false)."""
     use_ce: bool | None = None
     """ring_exchange (default True) and bulk (default False): copy-engine pushes into peer buffers (True)
     or NCCL kernels on num_sm SMs (False)."""
@@ -150,6 +150,13 @@ def check_config(
             if getattr(config, name):
                 raise ConfigError(name, "has no meaning on the cpu backend; leave it false", True)
     _check_knobs(config, gemm, limits)
+    if backend == "cuda" and config.aggregate and config.use_ce is not False:
+        raise ConfigError(
+            "aggregate",
+            "the copy-engine all-gather pushes each shard straight to every peer, so it has no ring steps to "
+            "aggregate: aggregate needs use_ce=false (the send/recv ring)",
+            True,
+        )
 
 
 def _check_method(method: Method, gemm: SlotGemm) -> None:

@@ -5,15 +5,17 @@ unset (`check_config`).  `as_runnable` maps one to the other:
 
 - ring_exchange with copy engines (use_ce): TE's num_sm / cga_size only size an SM copy kernel it does not
   launch, so they go, unless set_sm_margin keeps num_sm SMs off the GEMM (then num_sm stays); TE's
-  cluster size 1 is "no clusters", the runtime's default.
+  cluster size 1 is "no clusters", the runtime's default.  ``aggregate`` goes too: our copy-engine
+  all-gather pushes each shard straight to every peer, so TE's pairs of ring steps have no counterpart
+  there and the nearest runnable config is that all-gather (also at tp=2, where TE runs one pair).
 - ``fp8_buf`` only picks the buffer dtype under FP8 quantization; the runtime runs bf16 GEMMs, so it goes.
 - TE always rotates chunk GEMMs over min(3, chunks) streams and runs cuBLAS: ``num_max_streams`` and
   ``gemm`` say so explicitly on cuda.
 - On cpu only method, num_splits, aggregate and pipeline_rs_overlap_first_gemm survive (the rest has no
   CPU meaning).
 
-What has no runtime equivalent (atomic_gemm, aggregate on tp=2, num_sm above the device's) raises the
-runtime's `ConfigError`.
+What has no runtime equivalent (atomic_gemm, an SM-copy ring aggregated at tp=2, num_sm above the device's)
+raises the runtime's `ConfigError`.
 """
 
 from __future__ import annotations
@@ -92,4 +94,5 @@ def _ring_exchange(config: OverlapConfig) -> OverlapConfig:
         config,
         num_sm=config.num_sm if sm_copies or config.set_sm_margin else None,
         cga_size=config.cga_size if sm_copies and config.cga_size != 1 else None,
+        aggregate=config.aggregate and sm_copies,
     )

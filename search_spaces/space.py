@@ -213,7 +213,8 @@ def _ring_exchange(space: SlotSpace, gemm: SlotGemm) -> Tree:
     """tp chunks (tp/2 aggregated) moved point to point while the GEMM works on the previous one.
 
     ``fused`` (CUDA, unaggregated rings) first: one launch of our GEMM over every chunk (`_fused_ring`);
-    otherwise use_ce picks copy-engine pushes or SM copy kernels; num_sm is asked only where it means something:
+    otherwise use_ce picks copy-engine pushes or SM copy kernels (an aggregated ring is always the latter);
+    num_sm is asked only where it means something:
     the SM copy kernel's CTAs, or the SMs a margin keeps off the GEMM (NVIDIA's reduce-scatter presets:
     num_sm 1 with a margin).  The SM copies' cluster size is left to the runtime: point-to-point copies
     gain nothing from clusters.
@@ -226,11 +227,13 @@ def _ring_exchange(space: SlotSpace, gemm: SlotGemm) -> Tree:
             steps //= 2
     if space.cpu:
         return knobs
-    if not knobs.get("aggregate"):
+    if knobs.get("aggregate"):
+        knobs["use_ce"] = False  # the copy-engine all-gather pushes straight to every peer: no steps to pair
+    else:
         knobs["fused"] = yield space.params["fused"]
         if knobs["fused"]:
             return (yield from _fused_ring(space))
-    knobs["use_ce"] = yield space.params["use_ce"]
+        knobs["use_ce"] = yield space.params["use_ce"]
     knobs["set_sm_margin"] = yield space.params["set_sm_margin"]
     if not knobs["use_ce"] or knobs["set_sm_margin"]:
         knobs["num_sm"] = yield space.params["num_sm"]

@@ -119,6 +119,17 @@ def test_a_fused_ring_runs_on_cuda_only_and_never_aggregated() -> None:
     check_config(OverlapConfig(**RX_TRITON, fused=True, set_sm_margin=True, num_sm=8), gemm, backend="cuda")
     with pytest.raises(ConfigError, match="no ring steps to aggregate"):
         check_config(OverlapConfig(**RX_TRITON, fused=True, aggregate=True), gemm, backend="cuda")
+
+
+def test_an_aggregated_ring_on_cuda_is_the_send_recv_ring() -> None:
+    aggregated = OverlapConfig(method="ring_exchange", aggregate=True)
+    gemm = problem(shape_for(4), Slot.QKV_FPROP, aggregated.method)
+    check_config(aggregated, gemm, backend="cpu")  # gloo's ring: nothing to choose
+    for use_ce in (None, True):  # the copy engine's all-gather, the default on cuda, has no steps to pair
+        with pytest.raises(ConfigError) as info:
+            check_config(OverlapConfig(method="ring_exchange", aggregate=True, use_ce=use_ce), gemm, backend="cuda")
+        assert info.value.field == "aggregate" and "use_ce=false" in str(info.value)
+    check_config(OverlapConfig(method="ring_exchange", aggregate=True, use_ce=False), gemm, backend="cuda")
     with pytest.raises(ConfigError) as info:
         check_config(OverlapConfig(method="ring_exchange", fused=True), gemm, backend="cpu")
     assert info.value.field == "fused" and "cpu backend" in str(info.value)

@@ -208,7 +208,11 @@ def test_ring_exchange_asks_its_knobs_in_order() -> None:
     rx = Method.RING_EXCHANGE
     assert space.next_param(rx, {}) == Param(name="aggregate", choices=(False, True))
     assert space.next_param(rx, {"aggregate": False}) == Param(name="fused", choices=(False, True))
-    assert space.next_param(rx, {"aggregate": True}).name == "use_ce"  # an aggregated ring is never fused
+    # An aggregated ring is never fused and always the send/recv ring (use_ce implied false).
+    assert space.next_param(rx, {"aggregate": True}).name == "set_sm_margin"
+    aggregated = space.config(rx, {"aggregate": True, "set_sm_margin": False, "num_sm": 8, "gemm": "cublas",
+                                   "num_max_streams": 2})  # fmt: skip
+    assert aggregated.use_ce is False and not aggregated.fused
     assert space.next_param(rx, {"aggregate": False, "fused": False}).name == "use_ce"
     chosen = {"aggregate": False, "fused": False, "use_ce": True, "set_sm_margin": False}
     assert space.next_param(rx, chosen).name == "gemm"
@@ -377,7 +381,7 @@ def test_nvidia_h100_preset_configs_run_and_lie_in_the_space(preset: Preset) -> 
 
 def test_te_entry_without_runtime_equivalent_is_refused() -> None:
     shape = ModelShape(hidden=1024, tp=2, seq=1024, dtype="fp8")
-    aggregated = OverlapConfig(method=Method.RING_EXCHANGE, num_sm=1, cga_size=1, use_ce=True, aggregate=True)
+    aggregated = OverlapConfig(method=Method.RING_EXCHANGE, num_sm=1, cga_size=1, use_ce=False, aggregate=True)
     with pytest.raises(ConfigError) as info:
         as_runnable(shape, Slot.QKV_FPROP, aggregated, backend="cuda")
     assert info.value.field == "aggregate"
@@ -386,3 +390,13 @@ def test_te_entry_without_runtime_equivalent_is_refused() -> None:
     )
     with pytest.raises(ConfigError, match="atomic_gemm"):
         as_runnable(shape, Slot.PROJ_FPROP, atomic, backend="cuda")
+
+
+def test_an_aggregated_copy_engine_ring_runs_as_our_copy_engine_all_gather() -> None:
+    """TE pairs the steps of its copy-engine ring; ours pushes every shard straight to every peer, which has
+    no steps to pair, so the aggregate goes (at tp=2 as at tp=8)."""
+    for tp in (2, 8):
+        shape = ModelShape(hidden=4096, tp=tp, seq=4096)
+        entry = OverlapConfig(method=Method.RING_EXCHANGE, num_sm=1, cga_size=1, use_ce=True, aggregate=True)
+        config = as_runnable(shape, Slot.QKV_FPROP, entry, backend="cuda")
+        assert not config.aggregate and config.use_ce is True
