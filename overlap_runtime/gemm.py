@@ -316,15 +316,12 @@ def matmul(
     """``out = a @ b`` on at most ``num_sms`` SMs (None: all of the device's; 4 on CPU).
 
     ``config`` None picks tiles with `choose_config`.  The tiles move by TMA (tensor descriptors) when
-    ``tma`` and every operand's layout allows it (`tma_descriptors`), else by pointer loads.  Raises
+    ``tma`` and `tma_fits` allows it, else by pointer loads.  Raises
     `InputError` (a ValueError) naming the argument for bad tensors or ``num_sms``, `ConfigError` for a bad
     ``config``.
     """
     m, n, k = check_operands(a, b, out)
-    if a.device.type != "cuda" and not INTERPRETED:
-        raise InputError(
-            "a", "must be a CUDA tensor (CPU tensors need TRITON_INTERPRET=1 before this import)", str(a.device)
-        )
+    check_launchable(a)
     sms = resolve_num_sms(a.device, num_sms)
     if config is not None and not isinstance(config, GemmTileConfig):
         raise ConfigError("config", "must be a GemmTileConfig or None", type(config).__name__)
@@ -336,12 +333,52 @@ def matmul(
         return out.zero_()
     cfg = config if config is not None else choose_config(m, n, k, a.dtype, sms)
     grid = (min(sms, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)),)
+    launch(_persistent_matmul_kernel, grid, ((a, "a"), (b, "b"), (out, "c")), a=a, b=b, out=out, cfg=cfg, sms=sms,
+           tma=tma)  # fmt: skip
+    return out
+
+
+def check_launchable(a: torch.Tensor) -> None:
+    """Our kernels run on CUDA tensors, or on CPU tensors in Triton's interpreter."""
+    if a.device.type != "cuda" and not INTERPRETED:
+        raise InputError(
+            "a", "must be a CUDA tensor (CPU tensors need TRITON_INTERPRET=1 before this import)", str(a.device)
+        )
+
+
+def launch(
+    kernel: triton.JITFunction,
+    grid: tuple[int],
+    tiled: tuple[tuple[torch.Tensor, str], ...],
+    *,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    cfg: GemmTileConfig,
+    sms: int,
+    tma: bool,
+    pointers: tuple[torch.Tensor, ...] = (),
+    scalars: tuple[int, ...] = (),
+    **constants: int,
+) -> None:
+    """Launch one of our persistent GEMM kernels on the problem ``a [M, K] @ b [K, N] -> out``.
+
+    Every such kernel takes, in order: ``tiled`` (its operands whose tiles it moves, each with its role "a",
+    "b" or "c": TMA descriptors of [block_m, block_k], [block_k, block_n] or [block_m, block_n] tiles when
+    ``tma`` and `tma_fits` allow, else the tensors), ``pointers`` (tensors it only indexes), M, N, K, the
+    strides of a, b and out, ``scalars``, then the tile config and ``constants`` as compile-time constants.
+    """
+    m, k = a.shape
+    n = b.shape[1]
     for name, t in (("a", a), ("b", b), ("out", out)):
         check_int32_offsets(name, t, cfg)
-    descriptors = tma_descriptors(cfg, a, b, out) if tma else None
+    tma = tma and tma_fits(cfg, *(t for t, _ in tiled))
+    blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n]}
+    operands = [TensorDescriptor.from_tensor(t, blocks[role]) if tma else t for t, role in tiled]
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-        _persistent_matmul_kernel[grid](
-            *(descriptors or (a, b, out)),
+        kernel[grid](
+            *operands,
+            *pointers,
             m,
             n,
             k,
@@ -351,6 +388,8 @@ def matmul(
             b.stride(1),
             out.stride(0),
             out.stride(1),
+            *scalars,
+            **constants,
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k,
@@ -361,23 +400,10 @@ def matmul(
             EVEN_M=m % cfg.block_m == 0,
             EVEN_N=n % cfg.block_n == 0,
             EVEN_K=k % cfg.block_k == 0,
-            TMA=descriptors is not None,
+            TMA=tma,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
-    return out
-
-
-def tma_descriptors(cfg: GemmTileConfig, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple | None:
-    """TMA descriptors of a's [block_m, block_k], b's [block_k, block_n] and c's [block_m, block_n] tiles, or
-    None when `tma_fits` rules TMA out."""
-    if not tma_fits(cfg, a, b, c):
-        return None
-    return (
-        TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
-        TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n]),
-        TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n]),
-    )
 
 
 def tma_fits(cfg: GemmTileConfig, *tensors: torch.Tensor) -> bool:

@@ -34,13 +34,11 @@ the caller (the tests do this).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from overlap_runtime import gemm
 from overlap_runtime.errors import InputError
@@ -336,51 +334,18 @@ def _launch(
 
     ``tiled`` are the kernel's leading operands, each with its role ("a", "b" or "c": which tile shape a
     descriptor of it moves), ``flags`` its pointer-only tensors after them, ``scalars`` its arguments after
-    ``rank``.  The tiles move by TMA when ``tma``, every layout allows and a chunk is whole tiles.
+    ``rank`` (see `gemm.launch`).  The tiles move by TMA when ``tma``, `gemm.tma_fits` allows and a chunk
+    is whole tiles (a tile must not reach into the next chunk).
     """
     (rows, k), n = a.shape, b.shape[1]
     if not 0 <= rank < chunks:
         raise InputError("rank", f"must be between 0 and {chunks - 1}", rank)
-    if a.device.type != "cuda" and not gemm.INTERPRETED:
-        raise InputError("a", "must be a CUDA tensor (CPU tensors need TRITON_INTERPRET=1)", str(a.device))
+    gemm.check_launchable(a)
     sms = gemm.resolve_num_sms(a.device, num_sms)
     cfg = config or gemm.choose_config(chunks * rows, n, k, a.dtype, sms)
     grid = (min(sms, chunks * triton.cdiv(rows, cfg.block_m) * triton.cdiv(n, cfg.block_n)),)
-    for name, t in (("a", a), ("b", b), ("out", out)):
-        gemm.check_int32_offsets(name, t, cfg)
-    tma = tma and rows % cfg.block_m == 0 and gemm.tma_fits(cfg, *(t for t, _ in tiled))
-    blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n]}
-    operands = [TensorDescriptor.from_tensor(t, blocks[role]) if tma else t for t, role in tiled]
-    with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-        kernel[grid](
-            *operands,
-            *flags,
-            rows,
-            n,
-            k,
-            a.stride(0),
-            a.stride(1),
-            b.stride(0),
-            b.stride(1),
-            out.stride(0),
-            out.stride(1),
-            rank,
-            *scalars,
-            CHUNKS=chunks,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
-            NUM_SMS=sms,
-            FP32_IEEE=a.dtype == torch.float32,
-            UPCAST=gemm.INTERPRETED and a.dtype == torch.bfloat16,
-            EVEN_M=rows % cfg.block_m == 0,
-            EVEN_N=n % cfg.block_n == 0,
-            EVEN_K=k % cfg.block_k == 0,
-            TMA=tma,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
+    gemm.launch(kernel, grid, tiled, a=a, b=b, out=out, cfg=cfg, sms=sms, tma=tma and rows % cfg.block_m == 0,
+                pointers=flags, scalars=(rank, *scalars), CHUNKS=chunks)  # fmt: skip
 
 
 def _chunks(t: torch.Tensor, rows: int, name: str) -> int:

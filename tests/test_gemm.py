@@ -115,7 +115,7 @@ def test_tma_and_pointer_loads_agree_where_descriptors_can_address_the_operands(
     cfg = GemmTileConfig(block_m=32, block_n=32, block_k=16, num_warps=4, num_stages=2, group_m=2)
     a, b = _operands(m, n, k, dtype, seed=8)
     out = torch.full((m, n), float("nan"), dtype=dtype)
-    assert gemm.tma_descriptors(cfg, a, b, out) is not None  # rows of 16-byte multiples: TMA serves
+    assert gemm.tma_fits(cfg, a, b, out)  # rows of 16-byte multiples: TMA serves
     ref = _reference(a, b)
     for tma in (True, False):
         out.fill_(float("nan"))
@@ -127,10 +127,10 @@ def test_tma_is_ruled_out_by_layouts_it_cannot_address() -> None:
     cfg = gemm.LARGE
     a, b = _operands(64, 64, 64, torch.bfloat16)
     out = torch.empty(64, 64, dtype=torch.bfloat16)
-    assert gemm.tma_descriptors(cfg, a, b, out) is not None
-    assert gemm.tma_descriptors(cfg, a.t(), b, out) is None  # transposed: unit stride on the wrong dim
-    assert gemm.tma_descriptors(cfg, torch.empty(64, 67, dtype=torch.bfloat16)[:, :64], b, out) is None  # 134 B rows
-    assert gemm.tma_descriptors(cfg, a, b, torch.empty(64, 65, dtype=torch.bfloat16)[:, 1:]) is None  # 2 B offset
+    assert gemm.tma_fits(cfg, a, b, out)
+    assert not gemm.tma_fits(cfg, a.t(), b, out)  # transposed: unit stride on the wrong dim
+    assert not gemm.tma_fits(cfg, torch.empty(64, 67, dtype=torch.bfloat16)[:, :64], b, out)  # 134 B rows
+    assert not gemm.tma_fits(cfg, a, b, torch.empty(64, 65, dtype=torch.bfloat16)[:, 1:])  # 2 B offset
 
 
 def test_more_sms_than_tiles_and_one_sm_for_many_tiles() -> None:
