@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+import storage
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 PG_ADMIN_DATABASE = "test"
@@ -52,3 +55,24 @@ def postgres_url(pg_admin: Engine) -> Iterator[str]:
 def sqlite_url(tmp_path: Path) -> str:
     """URL of a new SQLite file under the test's temporary folder."""
     return f"sqlite:///{tmp_path / 'autotune.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each test that asks for it runs twice: on SQLite and on PostgreSQL."""
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """A migrated database."""
+    engine = storage.create_engine_for(url=db_url)
+    storage.upgrade(engine=engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    with storage.session_factory(engine=engine)() as session:
+        yield session

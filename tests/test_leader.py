@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest_storage import pg_admin, postgres_url, sqlite_url  # noqa: F401 (fixtures)
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -21,30 +20,13 @@ import storage
 from autotune.scheduler import Scheduler, SchedulerThread
 from storage import SCHEDULER, Backend, WorkerStatus
 
+pytest_plugins = ("conftest_storage",)  # db_url, engine, session and the databases they stand on
+
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SEC = timedelta(seconds=1)
 TTL = 10 * SEC
 SCHEDULER_TTL_S = 1.5
 """Short, so take-overs are quick; long enough that a pass on a busy 2-core machine renews in time."""
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest) -> str:
-    return request.getfixturevalue(f"{request.param}_url")
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    engine = storage.create_engine_for(url=db_url)
-    storage.upgrade(engine=engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def session(engine: Engine) -> Iterator[Session]:
-    with storage.session_factory(engine=engine)() as session:
-        yield session
 
 
 @pytest.fixture

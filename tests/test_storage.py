@@ -8,7 +8,7 @@ workers, and concurrent claimers that must never share a trial.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,7 +17,6 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from conftest_storage import pg_admin, postgres_url, sqlite_url  # noqa: F401 (fixtures)
 from sqlalchemy import Engine, inspect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -42,32 +41,14 @@ from storage import (
 from storage.migrate import VERSION_TABLE, alembic_config, include_name
 from storage.models import Base
 
+pytest_plugins = ("conftest_storage",)  # db_url, engine, session and the databases they stand on
+
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SEC = timedelta(seconds=1)
 LEASE = 30 * SEC
 SHAPE = ModelShape(hidden=8192, tp=2, mbs=1, seq=8192)
 H200 = "NVIDIA H200"
 H100 = "NVIDIA H100 80GB HBM3"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest) -> str:
-    return request.getfixturevalue(f"{request.param}_url")
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    """A migrated database."""
-    engine = storage.create_engine_for(url=db_url)
-    storage.upgrade(engine=engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def session(engine: Engine) -> Iterator[Session]:
-    with storage.session_factory(engine=engine)() as session:
-        yield session
 
 
 def new_job(
