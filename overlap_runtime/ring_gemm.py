@@ -269,13 +269,11 @@ def scatter_plan(
     cfg = config or gemm.choose_config(chunks * rows, n, k, dtype, sms)
     tiles_n = triton.cdiv(n, cfg.block_n)
     span = cfg.block_m * cfg.group_m
-    groups = tuple(
-        RowGroup(
-            start=lo, stop=min(lo + span, rows), tiles=triton.cdiv(min(lo + span, rows) - lo, cfg.block_m) * tiles_n
-        )
-        for lo in range(0, rows, span)
-    )
-    return ScatterPlan(config=cfg, num_sms=sms, groups=groups)
+    groups = []
+    for start in range(0, rows, span):
+        stop = min(start + span, rows)
+        groups.append(RowGroup(start=start, stop=stop, tiles=triton.cdiv(stop - start, cfg.block_m) * tiles_n))
+    return ScatterPlan(config=cfg, num_sms=sms, groups=tuple(groups))
 
 
 def scatter_matmul(
