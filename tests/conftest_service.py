@@ -1,8 +1,9 @@
 """Real processes for the service tests: a controller (`autotune serve`) and CPU-backend workers
 (`autotune worker`), each a subprocess on a free loopback port, stopped (or killed) by the test.
 
-Test modules load this file with ``pytest_plugins = ("conftest_service",)`` (which also brings the storage
-suite's ``sqlite_url`` / ``postgres_url`` fixtures) and never import it, so pytest can rewrite its asserts.
+Test modules load this file with ``pytest_plugins = ("conftest_service",)`` (which loads the storage suite's
+``conftest_storage`` the same way, for ``sqlite_url`` / ``postgres_url``) and never import it, so pytest can
+rewrite its asserts.
 
 Short leases (trials' and the scheduler's), heartbeats and scheduler passes keep the tests fast; each process
 gets its own data folder (``XDG_DATA_HOME``) so no test touches the user's default database or token file.
@@ -23,9 +24,10 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest_storage import pg_admin, postgres_url, sqlite_url  # noqa: F401 (fixtures, re-exported to tests)
 
 from autotune.client import Client
+
+pytest_plugins = ("conftest_storage",)  # sqlite_url / postgres_url for the tests that load this one
 
 TOKEN = "test-token"
 FAST_ENV = {
