@@ -10,7 +10,7 @@ What it measures (bf16, random normal inputs, fp32 accumulate):
      torch.mm (cuBLAS) and `matmul` at all SMs with its heuristic tile config;
   2. 8192^3 with the SM count held to sm-8, sm-16, sm-32, 100 and 66: `matmul` (``num_sms``, a hard bound)
      beside `cublas_matmul` (cuBLASLt SM carve-out, a hint);
-  3. a sweep of tile configs on 8192^3 and two layer shapes, and which one wins.
+  3. a sweep of tile configs (split tail on and off) on every shape, and which one wins.
 Method: CUDA events around each call, each behind a ~100 us GPU sleep so that the host's launch work
 (Triton's launcher, TMA descriptors) is not timed, variants interleaved (A B A B ...) after warm-ups,
 median and p20/p80 of the repeats; inputs rotate through enough buffer sets to exceed the L2 cache twice over.
@@ -56,11 +56,12 @@ SLOTS = tuple(s for s in Slot if s not in (Slot.PROJ_WGRAD, Slot.FC2_WGRAD))
 SQUARE = (8192, 8192, 8192)
 SWEEP_CONFIGS = (
     gemm.LARGE,
+    dataclasses.replace(gemm.LARGE, split_tail=True),
     gemm.MEDIUM,
+    dataclasses.replace(gemm.MEDIUM, split_tail=True),
     dataclasses.replace(gemm.MEDIUM, num_warps=8),
     dataclasses.replace(gemm.LARGE, block_m=256, block_n=128),
 )
-SWEEP_LAYER_SHAPES = ((2048, 5120, 2560), (2048, 2560, 5120))  # h5120 s2048 proj_fprop / proj_dgrad
 REL_ERR_LIMIT = 1e-2
 L2_FALLBACK_BYTES = 50 * 2**20
 
@@ -308,23 +309,32 @@ def run_sm_limits(bench: Bench) -> list[dict[str, Any]]:
     return out
 
 
-def run_sweep(bench: Bench) -> list[dict[str, Any]]:
+def run_sweep(bench: Bench, shapes: list[GemmShape]) -> list[dict[str, Any]]:
+    """Every tile config of `SWEEP_CONFIGS` on every shape: the evidence behind `gemm.choose_config`."""
     out = []
-    for m, n, k in (SQUARE, *SWEEP_LAYER_SHAPES):
-        shape = GemmShape(m=m, n=n, k=k, labels=(f"{m}x{n}x{k}",))
+    names = [cfg.label() for cfg in SWEEP_CONFIGS]
+    print("\nsweep: ms per tile config as cuBLAS ms / ours (> 1: ours faster); * = heuristic's pick")
+    print(f"{'m':>6} {'n':>6} {'k':>6} {'cuBLAS':>7}  " + " ".join(f"{n:>22}" for n in names))
+    for shape in shapes:
         variants: dict[str, Variant] = {"cublas": lambda a, b, o: torch.mm(a, b, out=o)}
         for cfg in SWEEP_CONFIGS:
             variants[cfg.label()] = lambda a, b, o, cfg=cfg: gemm.matmul(a, b, o, config=cfg)
         rows = bench.measure(shape, variants, seed=2)
         timed = {name: r["ms"] for name, r in rows.items() if name != "cublas" and "ms" in r and r["correct"]}
         best = min(timed, key=timed.__getitem__) if timed else None
-        heuristic = gemm.choose_config(m, n, k, torch.bfloat16, bench.sm_count).label()
-        out.append({"m": m, "n": n, "k": k, "configs": rows, "best": best, "heuristic": heuristic})
-        print(f"\nsweep {m}x{n}x{k}: cuBLAS {_fmt(rows['cublas'].get('ms'))} ms; heuristic picks {heuristic}")
-        for name, r in rows.items():
-            if name != "cublas":
-                mark = " <- best" if name == best else ""
-                print(f"  {name:<24} {_fmt(r.get('ms'))} ms {_fmt(r.get('tflops'), 6, 0)} TF/s{mark}{_err_note(r)}")
+        heuristic = gemm.choose_config(shape.m, shape.n, shape.k, torch.bfloat16, bench.sm_count).label()
+        out.append({"m": shape.m, "n": shape.n, "k": shape.k, "configs": rows, "best": best, "heuristic": heuristic})
+        cub = rows["cublas"].get("ms")
+        cells = []
+        for name in names:
+            ms = rows[name].get("ms")
+            mark = ("*" if name == heuristic else " ") + ("<" if name == best else " ")
+            cells.append(f"{_fmt(cub / ms if cub and ms else None, 20, 3)}{mark}")
+        print(
+            f"{shape.m:>6} {shape.n:>6} {shape.k:>6} {_fmt(cub, 7)}  "
+            + " ".join(cells)
+            + "".join(map(_err_note, rows.values()))
+        )
     return out
 
 
@@ -401,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     payload["shapes"] = run_layer_shapes(bench, shapes)
     payload["sm_limits"] = run_sm_limits(bench)
-    payload["sweep"] = run_sweep(bench)
+    payload["sweep"] = run_sweep(bench, shapes)
     payload["failures"] = bench.failures
     payload["wall_s"] = time.perf_counter() - t0
     write_json(out_path, _finite(payload))

@@ -23,9 +23,16 @@ With TMA the persistent loop is flattened (the next tile's loads start under thi
 
 Measured on one H200 (132 SMs, torch 2.11, Triton 3.6, `bench/gemm_bench.py`, 2026-11-30): 128x256x64
 tiles, 8 warps, 3 stages ran 8192^3 bf16 at 1.01x cuBLAS; at the median of the 41 TP=2 layer GEMMs of the
-anchor shapes 0.994x cuBLAS (pointer loads had reached 0.973x), 0.77-0.95x on the h5120 s2048 ones (M=2048,
-N <= 7680).  Held to 124 / 116 / 100 / 66 SMs it took 1.06 / 1.12 / 1.29 / 1.96x its full-chip time
-(cuBLASLt with the carve-out: 1.03 / 1.10 / 1.30 / 1.97x).
+anchor shapes 0.996x cuBLAS (pointer loads had reached 0.973x), 0.82-0.96x on the M=2048 h5120 s2048 ones,
+where a part-empty last round of tiles costs most (`split_tail` took them from 0.77-0.95x).  Held to 124 /
+116 / 100 / 66 SMs it took 1.06 / 1.12 / 1.29 / 1.96x its full-chip time (cuBLASLt with the carve-out:
+1.03 / 1.10 / 1.30 / 1.97x).
+
+The last round.  ``tiles % num_sms`` tiles are left for the last round, which leaves the other SMs idle.
+With ``split_tail`` (`choose_config` sets it where its cost model says it pays) each of those tiles is cut
+along K over the idle programs and the parts are added by whichever part finishes last (`split_tail`).
+An even stream-K spread of every K step over all programs was tried first and ran 1.7x slower per K step:
+programs at unrelated K offsets of unrelated tiles share nothing in L2.
 
 The kernel is launched on the current CUDA stream of ``a``'s device.  With ``TRITON_INTERPRET=1`` set
 before this module is imported, it runs in Triton's interpreter on CPU tensors (the tests do this).
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -58,12 +66,20 @@ SMEM_SLACK = 1024
 MAX_INT32_OFFSET = 2**31 - 1
 """The kernel computes element offsets in int32: larger views are rejected, not silently wrapped."""
 
+MAX_TAIL_SPLITS = 4
+"""Most K parts `split_tail` cuts a tile into: each part costs a pipeline fill and an fp32 partial."""
+
 # Relative speed of one program per tile shape (tile flops per unit time, 128x256 = 1), used by
 # `choose_config` to trade tile efficiency against idle SMs in the last wave.  From `bench/gemm_bench.py`
 # on one H200 (2026-11-30): 128x128 (4 warps) ran at 0.92-0.97 of 128x256's rate on 8192^3 (0.97 with TMA)
 # and beat it on 2048x2560x5120 (0.096 vs 0.113 ms with TMA); 64x128 ran at 0.59 (measured before the
 # mask-free EVEN_* paths existed).  Re-check with the benchmark's sweep when the kernel changes.
 _TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.92, (64, 128): 0.59}
+
+_TAIL_FIXUP_COST = 22 * 128 * 256
+"""What `split_tail`'s fix-up (storing and re-reading fp32 parts) adds, in `choose_config`'s units (tile area
+x K steps): 15-20 us on one H200, the time of 22 K steps of 128x256 tiles (`bench/gemm_bench.py` sweep on
+the h5120 s2048 shapes, 2026-11-30)."""
 
 
 def _is_int(value: object) -> bool:
@@ -86,6 +102,9 @@ class GemmTileConfig:
     """Software-pipelining depth of the K loop (>= 1); each stage holds one a- and one b-block in SMEM."""
     group_m: int = 8
     """Rows of tiles visited together by the grouped tile order (>= 1): the L2 reuse knob."""
+    split_tail: bool = False
+    """Cut the tiles of a part-empty last wave along K over the idle programs (`split_tail`); only
+    `matmul` honours it."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -98,10 +117,13 @@ class GemmTileConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ConfigError(name, "must be an integer >= 1", value)
+        if not isinstance(self.split_tail, bool):
+            raise ConfigError("split_tail", "must be a bool", self.split_tail)
 
     def label(self) -> str:
-        """Short name: ``128x256x64_w8_s4_g8``."""
-        return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}_g{self.group_m}"
+        """Short name: ``128x256x64_w8_s4_g8`` (``_st`` appended with `split_tail`)."""
+        st = "_st" if self.split_tail else ""
+        return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}_g{self.group_m}{st}"
 
 
 LARGE = GemmTileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
@@ -113,26 +135,35 @@ SMALL = GemmTileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_sta
 """Few tiles (small M or N)."""
 
 
-def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int) -> GemmTileConfig:
-    """The tile config `matmul` uses when the caller gives none.
+def choose_config(
+    m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, split_tail: bool = True
+) -> GemmTileConfig:
+    """The tile config `matmul` uses when the caller gives none (``split_tail=False``: for kernels that
+    cannot split their tail, the ring kernels).
 
-    The heuristic: a persistent kernel finishes when its busiest program does, after
-    ``ceil(tiles / num_sms)`` tiles, so a config costs ``ceil(tiles / num_sms) * tile_area / efficiency``
-    (`_TILE_EFFICIENCY`).  The cheapest of LARGE, MEDIUM and SMALL wins, ties to the larger tile.  So
-    big problems take 128x256x64 (8 warps, 4 stages), and 128x128 / 64x128 take over when 128x256 tiles
-    would leave most SMs idle in the last wave.  ``k`` does not enter: every K step costs the same.
-    For fp32 inputs (tests), block_k is halved and stages drop to 3 so the stages fit in SMEM.
+    The heuristic: a persistent kernel finishes when its busiest program does, after ``ceil(tiles /
+    num_sms)`` tiles of ``steps = ceil(k / block_k)`` K steps each, so a config costs ``rounds * steps *
+    tile_area / efficiency`` (`_TILE_EFFICIENCY`).  With `split_tail` the last, part-empty round costs
+    ``steps / splits`` plus the fix-up (`_TAIL_FIXUP_COST`).  The cheapest of LARGE, MEDIUM and SMALL, each
+    with and without a split tail, wins; ties go to the larger tile without split.  So big problems take
+    128x256x64, and a split tail or 128x128 / 64x128 tiles take over when 128x256 tiles would leave most
+    SMs idle in the last round.  For fp32 inputs (tests), block_k is halved and stages drop to 3 so the
+    stages fit in SMEM.
     """
-    del k  # same cost per K step for every candidate
     best, best_cost = LARGE, math.inf
-    for cfg in (LARGE, MEDIUM, SMALL):
-        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-        rounds = triton.cdiv(tiles, num_sms)
-        cost = rounds * cfg.block_m * cfg.block_n / _TILE_EFFICIENCY[(cfg.block_m, cfg.block_n)]
-        if cost < best_cost:
-            best, best_cost = cfg, cost
-    if dtype == torch.float32:
-        best = dataclasses.replace(best, block_k=best.block_k // 2, num_stages=3)
+    for base in (LARGE, MEDIUM, SMALL):
+        cfg = base if dtype != torch.float32 else dataclasses.replace(base, block_k=base.block_k // 2, num_stages=3)
+        steps = max(1, triton.cdiv(k, cfg.block_k))
+        area = cfg.block_m * cfg.block_n / _TILE_EFFICIENCY[(cfg.block_m, cfg.block_n)]
+        full, tail = divmod(triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), num_sms)
+        candidates = [((full + (tail > 0)) * steps * area, cfg)]
+        splits = tail_splits(full * num_sms + tail, num_sms, steps) if split_tail else 0
+        if splits:
+            cost = (full * steps + steps / splits) * area + _TAIL_FIXUP_COST
+            candidates.append((cost, dataclasses.replace(cfg, split_tail=True)))
+        for cost, candidate in candidates:
+            if cost < best_cost:
+                best, best_cost = candidate, cost
     return best
 
 
@@ -187,9 +218,41 @@ def tile_product(
 ):
     """The fp32 tile ``a[off_m:off_m+BLOCK_M, :] @ b[:, off_n:off_n+BLOCK_N]``.  With TMA, ``a`` and ``b`` are
     tensor descriptors (the copy hardware zero-fills past the edges); else pointers with strides and masks."""
+    return partial_product(
+        a, b, off_m, off_n, 0, (K + BLOCK_K - 1) // BLOCK_K, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+        BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+    )  # fmt: skip
+
+
+@triton.jit
+def partial_product(
+    a,
+    b,
+    off_m,
+    off_n,
+    k_lo,
+    k_hi,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """`tile_product` over the K steps ``k_lo <= ki < k_hi`` only (a stream-K segment of the tile)."""
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
     if TMA:
-        for ki in range((K + BLOCK_K - 1) // BLOCK_K):
+        for ki in range(k_lo, k_hi):
             a_block = a.load([off_m, ki * BLOCK_K])
             b_block = b.load([ki * BLOCK_K, off_n])
             acc = _dot(a_block, b_block, acc, FP32_IEEE, UPCAST)
@@ -199,9 +262,9 @@ def tile_product(
         offs_k0 = tl.arange(0, BLOCK_K)
         mask_m = offs_m < M  # masks are applied only where EVEN_* says a dimension can be ragged
         mask_n = offs_n < N
-        a_ptrs = a + offs_m[:, None] * stride_am + offs_k0[None, :] * stride_ak
-        b_ptrs = b + offs_k0[:, None] * stride_bk + offs_n[None, :] * stride_bn
-        for ki in range((K + BLOCK_K - 1) // BLOCK_K):
+        a_ptrs = a + offs_m[:, None] * stride_am + (k_lo * BLOCK_K + offs_k0)[None, :] * stride_ak
+        b_ptrs = b + (k_lo * BLOCK_K + offs_k0)[:, None] * stride_bk + offs_n[None, :] * stride_bn
+        for ki in range(k_lo, k_hi):
             mask_k = offs_k0 < K - ki * BLOCK_K
             a_block = load_block(a_ptrs, mask_m, mask_k, EVEN_M, EVEN_K)
             b_block = load_block(b_ptrs, mask_k, mask_n, EVEN_K, EVEN_N)
@@ -259,6 +322,70 @@ def _persistent_matmul_kernel(
     a,
     b,
     c,
+    partials,
+    locks,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    tail_tiles,
+    splits,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr,
+):
+    # Only tl builtins and our own @jit helpers here (no tl.cdiv, tl.zeros & co., @jit functions of
+    # triton.language): then the interpreter runs this kernel even when triton was imported before
+    # TRITON_INTERPRET=1 was set.
+    pid = tl.program_id(axis=0)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    whole_tiles = num_pid_m * num_pid_n - tail_tiles
+    # flatten: the K loops of consecutive tiles form one software pipeline (loads of the next tile start
+    # under the last MMAs of this one); measured with TMA only.
+    for tile in tl.range(pid, whole_tiles, NUM_SMS, flatten=TMA):
+        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_product(
+            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        )  # fmt: skip
+        store_tile(
+            c, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA
+        )
+    if SPLIT_TAIL:
+        split_tail(
+            a, b, c, partials, locks, whole_tiles, tail_tiles, splits, num_pid_m, num_pid_n, M, N, K, stride_am,
+            stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FP32_IEEE,
+            UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        )  # fmt: skip
+
+
+@triton.jit
+def split_tail(
+    a,
+    b,
+    c,
+    partials,
+    locks,
+    first_tile,
+    tail_tiles,
+    splits,
+    num_pid_m,
+    num_pid_n,
     M,
     N,
     K,
@@ -272,7 +399,6 @@ def _persistent_matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
     FP32_IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     EVEN_M: tl.constexpr,
@@ -280,23 +406,48 @@ def _persistent_matmul_kernel(
     EVEN_K: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    # Only tl builtins and our own @jit helpers here (no tl.cdiv, tl.zeros & co., @jit functions of
-    # triton.language): then the interpreter runs this kernel even when triton was imported before
-    # TRITON_INTERPRET=1 was set.
+    """The last ``tail_tiles`` tiles (from ``first_tile``), each cut along K into ``splits`` equal parts:
+    program ``t + s * tail_tiles`` computes part s of tail tile t, so the part-empty last wave becomes
+    ``splits`` times shorter.  Programs with the same s read the same K range of neighbouring tiles at the
+    same time (L2 reuse, which an even stream-K spread of K steps loses: measured 1.7x slower per step).
+
+    Each part goes to ``partials`` (fp32 [tail_tiles * splits, BLOCK_M * BLOCK_N], row = program) and bumps
+    the tile's counter in ``locks`` (acq_rel: the stores before it are visible to whoever reads the count
+    after it).  The part that arrives last adds all of them in split order (the sum does not depend on who
+    arrived last), stores the tile and resets the counter to 0 for the next launch.  Nobody waits.
+    """
     pid = tl.program_id(axis=0)
-    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    # flatten: the K loops of consecutive tiles form one software pipeline (loads of the next tile start
-    # under the last MMAs of this one); measured with TMA only.
-    for tile in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=TMA):
-        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tile_product(
-            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+    if pid < tail_tiles * splits:
+        t = pid % tail_tiles
+        part = pid // tail_tiles
+        steps = (K + BLOCK_K - 1) // BLOCK_K
+        pid_m, pid_n = tile_position(first_tile + t, num_pid_m, num_pid_n, GROUP_M)
+        acc = partial_product(
+            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, part * steps // splits, (part + 1) * steps // splits, M, N, K,
+            stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N,
+            EVEN_K, TMA,
         )  # fmt: skip
-        store_tile(
-            c, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA
-        )
+        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tl.store(partials + pid * (BLOCK_M * BLOCK_N) + local, acc)
+        tl.debug_barrier()  # the whole part is stored before the count publishes it
+        if tl.atomic_add(locks + t, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            tl.debug_barrier()  # every thread reads after the acquire
+            total = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
+            for q in range(0, splits):
+                total += tl.load(partials + (t + q * tail_tiles) * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
+            store_tile(
+                c, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, total, BLOCK_M, BLOCK_N, EVEN_M,
+                EVEN_N, TMA,
+            )  # fmt: skip
+            tl.store(locks + t, 0)
+
+
+def tail_splits(tiles: int, num_sms: int, steps: int) -> int:
+    """How many K parts `split_tail` cuts each tile of the last, part-empty wave into (0: no split): as many
+    as idle programs allow, at most `MAX_TAIL_SPLITS` and never below 8 K steps a part."""
+    tail = tiles % num_sms
+    splits = min(num_sms // tail, MAX_TAIL_SPLITS, steps // 8) if tail else 0
+    return splits if splits >= 2 else 0
 
 
 INTERPRETED = isinstance(_persistent_matmul_kernel, InterpretedFunction)
@@ -332,9 +483,15 @@ def matmul(
     if k == 0:
         return out.zero_()
     cfg = config if config is not None else choose_config(m, n, k, a.dtype, sms)
-    grid = (min(sms, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)),)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    splits = tail_splits(tiles, sms, triton.cdiv(k, cfg.block_k)) if cfg.split_tail else 0
+    tail = tiles % sms if splits else 0
+    grid = (min(sms, max(tiles, tail * splits)),)
+    # Scratch from PyTorch's caching allocator, per call: launches on concurrent streams never share it.
+    partials = torch.empty((tail * splits, cfg.block_m * cfg.block_n), dtype=torch.float32, device=a.device)
+    locks = torch.zeros(tail, dtype=torch.int32, device=a.device)
     launch(_persistent_matmul_kernel, grid, ((a, "a"), (b, "b"), (out, "c")), a=a, b=b, out=out, cfg=cfg, sms=sms,
-           tma=tma)  # fmt: skip
+           tma=tma, pointers=(partials, locks), scalars=(tail, splits), SPLIT_TAIL=splits > 0)  # fmt: skip
     return out
 
 
@@ -416,8 +573,14 @@ def tma_fits(cfg: GemmTileConfig, *tensors: torch.Tensor) -> bool:
     if device.type != "cuda":
         return True
     tiles = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) + cfg.block_m * cfg.block_n
-    limit = triton.runtime.driver.active.utils.get_device_properties(device.index)["max_shared_mem"]
-    return tiles * tensors[0].element_size() + SMEM_SLACK <= limit
+    return tiles * tensors[0].element_size() + SMEM_SLACK <= max_shared_mem(device.index)
+
+
+@functools.cache
+def max_shared_mem(device_index: int) -> int:
+    """Shared memory one program may opt into on a CUDA device.  Cached: Triton's driver query behind it
+    reads every device attribute, and `launch` needs it on every call."""
+    return triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
 
 
 def tma_layout(t: torch.Tensor) -> bool:

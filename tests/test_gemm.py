@@ -5,6 +5,7 @@ Sizes stay small: the interpreter runs every program in numpy.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -123,6 +124,33 @@ def test_tma_and_pointer_loads_agree_where_descriptors_can_address_the_operands(
         assert _rel_err(out, ref) <= REL_TOL[dtype], tma
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("m", "n", "k", "num_sms", "splits"),
+    [(48, 48, 256, 8, 2), (16, 16, 512, 4, 4), (48, 80, 130, 4, 0), (48, 32, 512, 3, 0)],
+    ids=["9-tiles-on-8", "1-tile-on-4", "k-too-short", "full-rounds"],
+)
+def test_split_tail_adds_the_k_parts_of_the_last_round_in_a_fixed_order(
+    m: int, n: int, k: int, num_sms: int, splits: int, dtype: torch.dtype
+) -> None:
+    cfg = GemmTileConfig(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1, group_m=2, split_tail=True)
+    tiles = -(-m // 16) * -(-n // 16)
+    assert gemm.tail_splits(tiles, num_sms, -(-k // 16)) == splits
+    a, b = _operands(m, n, k, dtype, seed=9)
+    out = gemm.matmul(a, b, num_sms=num_sms, config=cfg)
+    assert _rel_err(out, _reference(a, b)) <= REL_TOL[dtype]
+    # the tile counters reset themselves: a second call on the same inputs gives the same bits
+    assert torch.equal(gemm.matmul(a, b, num_sms=num_sms, config=cfg), out)
+
+
+def test_tail_splits_uses_the_idle_programs_up_to_the_cap() -> None:
+    assert gemm.tail_splits(432, 132, 80) == 3  # h5120 s2048 fc1: 36 tiles in the last round, 132 // 36
+    assert gemm.tail_splits(140, 132, 80) == gemm.MAX_TAIL_SPLITS  # 8 tiles: capped, not 132 // 8 = 16 parts
+    assert gemm.tail_splits(160, 132, 16) == 2  # 16 K steps: parts of at least 8 steps
+    assert gemm.tail_splits(864, 132, 80) == 0  # 72 tiles: no idle program for a second part
+    assert gemm.tail_splits(264, 132, 80) == 0  # full rounds
+
+
 def test_tma_is_ruled_out_by_layouts_it_cannot_address() -> None:
     cfg = gemm.LARGE
     a, b = _operands(64, 64, 64, torch.bfloat16)
@@ -207,6 +235,7 @@ def test_bad_input_raises_input_error_naming_the_argument(index: int) -> None:
         ("num_warps", {"num_warps": 3}),
         ("num_stages", {"num_stages": 0}),
         ("group_m", {"group_m": 0}),
+        ("split_tail", {"split_tail": 1}),
     ],
 )
 def test_bad_tile_config_raises_config_error_naming_the_field(field: str, kwargs: dict[str, object]) -> None:
@@ -220,8 +249,12 @@ def test_heuristic_picks_big_tiles_for_big_problems_and_smaller_ones_to_fill_the
     choose = gemm.choose_config
     assert choose(8192, 8192, 8192, torch.bfloat16, 132) == gemm.LARGE
     assert choose(4096, 6144, 4096, torch.bfloat16, 132) == gemm.LARGE
-    # 2048 x 2560: 160 tiles of 128x256 take 2 rounds on 132 SMs (the second 21% busy); 320 of 128x128 take 3.
-    assert choose(2048, 2560, 5120, torch.bfloat16, 132) == gemm.MEDIUM
+    # 2048 x 2560: 160 tiles of 128x256 take 2 rounds on 132 SMs (the second 21% busy); split 4 ways along K,
+    # the 28 tiles of that round take a quarter of one (plus the fix-up).
+    assert choose(2048, 2560, 5120, torch.bfloat16, 132) == dataclasses.replace(gemm.LARGE, split_tail=True)
+    assert choose(2048, 2560, 5120, torch.bfloat16, 132, split_tail=False) == gemm.MEDIUM
+    # K = 2560 is 40 steps: the fix-up would cost more than the split saves; 640 tiles of 128x128 fill 5 rounds.
+    assert choose(2048, 5120, 2560, torch.bfloat16, 132) == gemm.MEDIUM
     assert choose(1, 300, 17, torch.bfloat16, 4) == gemm.SMALL
     fp32 = choose(8192, 8192, 8192, torch.float32, 132)
     assert (fp32.block_m, fp32.block_n, fp32.block_k, fp32.num_stages) == (128, 256, 32, 3)
@@ -238,6 +271,7 @@ def test_cublas_matmul_on_cpu_writes_a_strided_out_in_place() -> None:
 
 
 _CUDA_CHECKS = r"""
+import dataclasses
 import torch
 from overlap_runtime import gemm
 
@@ -273,10 +307,15 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
                 assert err <= tol[dtype], (dtype, m, n, k, a.stride(), b.stride(), num_sms, err)
                 out.fill_(float("nan"))
                 assert buf.isnan().all(), ("wrote outside out", dtype, m, n, k)
-for cfg in (gemm.LARGE, gemm.GemmTileConfig(block_m=256, block_n=128, num_warps=8), gemm.MEDIUM, gemm.SMALL, gemm.GemmTileConfig(block_m=16, block_n=32, block_k=16, num_warps=1, num_stages=2, group_m=2)):
-    for m, n, k in [(1031, 777, 517), (1024, 768, 512)]:  # ragged, then a multiple of every block
-        a, b = torch.randn(m, k, device=dev).bfloat16(), torch.randn(k, n, device=dev).bfloat16()
-        assert rel(gemm.matmul(a, b, config=cfg, num_sms=7), a, b) <= 1e-2, (cfg, m, n, k)
+for base in (gemm.LARGE, gemm.GemmTileConfig(block_m=256, block_n=128, num_warps=8), gemm.MEDIUM, gemm.SMALL, gemm.GemmTileConfig(block_m=16, block_n=32, block_k=16, num_warps=1, num_stages=2, group_m=2)):
+    for cfg in (base, dataclasses.replace(base, split_tail=True)):
+        for m, n, k in [(1031, 777, 517), (1024, 768, 512), (2048, 2560, 5120)]:  # ragged, whole tiles, 1.2 waves
+            a, b = torch.randn(m, k, device=dev).bfloat16(), torch.randn(k, n, device=dev).bfloat16()
+            for num_sms in (7, None):
+                first = gemm.matmul(a, b, config=cfg, num_sms=num_sms)
+                assert rel(first, a, b) <= 1e-2, (cfg, m, n, k, num_sms)
+                # split tail: the tile counters reset themselves and the fix-up adds in a fixed order
+                assert torch.equal(gemm.matmul(a, b, config=cfg, num_sms=num_sms), first), (cfg, m, n, k, num_sms)
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 lib = torch.backends.cuda.preferred_blas_library()
 a, b = torch.randn(512, 512, device=dev).bfloat16(), torch.randn(512, 512, device=dev).bfloat16()
