@@ -313,7 +313,7 @@ def run_sweep(bench: Bench, shapes: list[GemmShape]) -> list[dict[str, Any]]:
     """Every tile config of `SWEEP_CONFIGS` on every shape: the evidence behind `gemm.choose_config`."""
     out = []
     names = [cfg.label() for cfg in SWEEP_CONFIGS]
-    print("\nsweep: ms per tile config as cuBLAS ms / ours (> 1: ours faster); * = heuristic's pick")
+    print("\nsweep: cuBLAS ms, then per tile config cuBLAS ms / its ms (> 1: ours faster); * = heuristic's pick")
     print(f"{'m':>6} {'n':>6} {'k':>6} {'cuBLAS':>7}  " + " ".join(f"{n:>22}" for n in names))
     for shape in shapes:
         variants: dict[str, Variant] = {"cublas": lambda a, b, o: torch.mm(a, b, out=o)}

@@ -155,9 +155,10 @@ def choose_config(
         cfg = base if dtype != torch.float32 else dataclasses.replace(base, block_k=base.block_k // 2, num_stages=3)
         steps = max(1, triton.cdiv(k, cfg.block_k))
         area = cfg.block_m * cfg.block_n / _TILE_EFFICIENCY[(cfg.block_m, cfg.block_n)]
-        full, tail = divmod(triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), num_sms)
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        full, tail = divmod(tiles, num_sms)
         candidates = [((full + (tail > 0)) * steps * area, cfg)]
-        splits = tail_splits(full * num_sms + tail, num_sms, steps) if split_tail else 0
+        splits = tail_splits(tiles, num_sms, steps) if split_tail else 0
         if splits:
             cost = (full * steps + steps / splits) * area + _TAIL_FIXUP_COST
             candidates.append((cost, dataclasses.replace(cfg, split_tail=True)))
@@ -249,7 +250,7 @@ def partial_product(
     EVEN_K: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """`tile_product` over the K steps ``k_lo <= ki < k_hi`` only (a stream-K segment of the tile)."""
+    """`tile_product` over the K steps ``k_lo <= ki < k_hi`` only (one part of a `split_tail` tile)."""
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
     if TMA:
         for ki in range(k_lo, k_hi):
