@@ -103,8 +103,7 @@ class GemmTileConfig:
     group_m: int = 8
     """Rows of tiles visited together by the grouped tile order (>= 1): the L2 reuse knob."""
     split_tail: bool = False
-    """Cut the tiles of a part-empty last wave along K over the idle programs (`split_tail`); only
-    `matmul` honours it."""
+    """Cut the tiles of a part-empty last wave along K over the idle programs (`split_tail`)."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -135,11 +134,8 @@ SMALL = GemmTileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_sta
 """Few tiles (small M or N)."""
 
 
-def choose_config(
-    m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, split_tail: bool = True
-) -> GemmTileConfig:
-    """The tile config `matmul` uses when the caller gives none (``split_tail=False``: for kernels that
-    cannot split their tail, the ring kernels).
+def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int) -> GemmTileConfig:
+    """The tile config `matmul` and the ring kernels (`ring_gemm`) use when the caller gives none.
 
     The heuristic: a persistent kernel finishes when its busiest program does, after ``ceil(tiles /
     num_sms)`` tiles of ``steps = ceil(k / block_k)`` K steps each, so a config costs ``rounds * steps *
@@ -158,7 +154,7 @@ def choose_config(
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         full, tail = divmod(tiles, num_sms)
         candidates = [((full + (tail > 0)) * steps * area, cfg)]
-        splits = tail_splits(tiles, num_sms, steps) if split_tail else 0
+        splits = tail_splits(tiles, num_sms, steps)
         if splits:
             cost = (full * steps + steps / splits) * area + _TAIL_FIXUP_COST
             candidates.append((cost, dataclasses.replace(cfg, split_tail=True)))
@@ -408,39 +404,56 @@ def split_tail(
     TMA: tl.constexpr,
 ):
     """The last ``tail_tiles`` tiles (from ``first_tile``), each cut along K into ``splits`` equal parts:
-    program ``t + s * tail_tiles`` computes part s of tail tile t, so the part-empty last wave becomes
-    ``splits`` times shorter.  Programs with the same s read the same K range of neighbouring tiles at the
-    same time (L2 reuse, which an even stream-K spread of K steps loses: measured 1.7x slower per step).
-
-    Each part goes to ``partials`` (fp32 [tail_tiles * splits, BLOCK_M * BLOCK_N], row = program) and bumps
-    the tile's counter in ``locks`` (acq_rel: the stores before it are visible to whoever reads the count
-    after it).  The part that arrives last adds all of them in split order (the sum does not depend on who
-    arrived last), stores the tile and resets the counter to 0 for the next launch.  Nobody waits.
-    """
+    program ``t + s * tail_tiles`` computes part s of tail tile t (`tail_part`), so the part-empty last wave
+    becomes ``splits`` times shorter, and whichever part arrives last stores the tile (`add_parts`).
+    Programs with the same s read the same K range of neighbouring tiles at the same time (L2 reuse, which
+    an even stream-K spread of K steps loses: measured 1.7x slower per step)."""
     pid = tl.program_id(axis=0)
     if pid < tail_tiles * splits:
-        t = pid % tail_tiles
-        part = pid // tail_tiles
-        steps = (K + BLOCK_K - 1) // BLOCK_K
+        t, k_lo, k_hi = tail_part(pid, tail_tiles, splits, K, BLOCK_K)
         pid_m, pid_n = tile_position(first_tile + t, num_pid_m, num_pid_n, GROUP_M)
         acc = partial_product(
-            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, part * steps // splits, (part + 1) * steps // splits, M, N, K,
-            stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N,
-            EVEN_K, TMA,
+            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
         )  # fmt: skip
-        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(partials + pid * (BLOCK_M * BLOCK_N) + local, acc)
-        tl.debug_barrier()  # the whole part is stored before the count publishes it
-        if tl.atomic_add(locks + t, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            tl.debug_barrier()  # every thread reads after the acquire
-            total = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
-            for q in range(0, splits):
-                total += tl.load(partials + (t + q * tail_tiles) * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
+        last, total = add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
+        if last:
             store_tile(
                 c, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, total, BLOCK_M, BLOCK_N, EVEN_M,
                 EVEN_N, TMA,
             )  # fmt: skip
-            tl.store(locks + t, 0)
+
+
+@triton.jit
+def tail_part(pid, tail_tiles, splits, K, BLOCK_K: tl.constexpr):
+    """(t, k_lo, k_hi) of program ``pid`` in a split tail: its tail tile t and the K steps of its part."""
+    part = pid // tail_tiles
+    steps = (K + BLOCK_K - 1) // BLOCK_K
+    return pid % tail_tiles, part * steps // splits, (part + 1) * steps // splits
+
+
+@triton.jit
+def add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Hand in program ``pid``'s part ``acc`` of tail tile t; returns (last, total): whether this part arrived
+    last and, if so, the sum of all parts (else ``acc``), which the caller then stores.
+
+    Each part goes to ``partials`` (fp32 [tail_tiles * splits, BLOCK_M * BLOCK_N], row = program) and bumps
+    the tile's counter in ``locks`` (acq_rel: the stores before it are visible to whoever reads the count
+    after it).  The last one adds all parts in split order (the sum does not depend on who arrived last)
+    and resets the counter to 0 for the next launch.  Nobody waits.
+    """
+    local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(partials + pid * (BLOCK_M * BLOCK_N) + local, acc)
+    tl.debug_barrier()  # the whole part is stored before the count publishes it
+    last = tl.atomic_add(locks + t, 1, sem="acq_rel", scope="gpu") == splits - 1
+    total = acc
+    if last:
+        tl.debug_barrier()  # every thread reads after the acquire
+        total = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
+        for q in range(0, splits):
+            total += tl.load(partials + (t + q * tail_tiles) * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
+        tl.store(locks + t, 0)
+    return last, total
 
 
 def tail_splits(tiles: int, num_sms: int, steps: int) -> int:
@@ -449,6 +462,40 @@ def tail_splits(tiles: int, num_sms: int, steps: int) -> int:
     tail = tiles % num_sms
     splits = min(num_sms // tail, MAX_TAIL_SPLITS, steps // 8) if tail else 0
     return splits if splits >= 2 else 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TailSplit:
+    """How one launch splits its last round (`split_tail`): ``tiles`` tail tiles, ``splits`` K parts each
+    (0: no split), and the scratch the parts meet in."""
+
+    tiles: int
+    splits: int
+    partials: torch.Tensor
+    locks: torch.Tensor
+
+    @classmethod
+    def plan(cls, cfg: GemmTileConfig, *, tiles: int, sms: int, k: int, device: torch.device) -> TailSplit:
+        """The split of ``tiles`` tiles of depth ``k`` on ``sms`` programs (none unless ``cfg.split_tail``)."""
+        splits = tail_splits(tiles, sms, triton.cdiv(k, cfg.block_k)) if cfg.split_tail else 0
+        tail = tiles % sms if splits else 0
+        # Scratch from PyTorch's caching allocator, per call: launches on concurrent streams never share it.
+        partials = torch.empty((tail * splits, cfg.block_m * cfg.block_n), dtype=torch.float32, device=device)
+        return cls(
+            tiles=tail, splits=splits, partials=partials, locks=torch.zeros(tail, dtype=torch.int32, device=device)
+        )
+
+    def grid(self, tiles: int, sms: int) -> tuple[int]:
+        """One program per SM, or per tile or tail part when there are fewer."""
+        return (min(sms, max(tiles, self.tiles * self.splits)),)
+
+    def pointers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel's pointer arguments ``partials, locks``."""
+        return self.partials, self.locks
+
+    def scalars(self) -> tuple[int, int]:
+        """The kernel's scalar arguments ``tail_tiles, splits``."""
+        return self.tiles, self.splits
 
 
 INTERPRETED = isinstance(_persistent_matmul_kernel, InterpretedFunction)
@@ -485,14 +532,9 @@ def matmul(
         return out.zero_()
     cfg = config if config is not None else choose_config(m, n, k, a.dtype, sms)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    splits = tail_splits(tiles, sms, triton.cdiv(k, cfg.block_k)) if cfg.split_tail else 0
-    tail = tiles % sms if splits else 0
-    grid = (min(sms, max(tiles, tail * splits)),)
-    # Scratch from PyTorch's caching allocator, per call: launches on concurrent streams never share it.
-    partials = torch.empty((tail * splits, cfg.block_m * cfg.block_n), dtype=torch.float32, device=a.device)
-    locks = torch.zeros(tail, dtype=torch.int32, device=a.device)
-    launch(_persistent_matmul_kernel, grid, ((a, "a"), (b, "b"), (out, "c")), a=a, b=b, out=out, cfg=cfg, sms=sms,
-           tma=tma, pointers=(partials, locks), scalars=(tail, splits), SPLIT_TAIL=splits > 0)  # fmt: skip
+    tail = TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
+    launch(_persistent_matmul_kernel, tail.grid(tiles, sms), ((a, "a"), (b, "b"), (out, "c")), a=a, b=b, out=out,
+           cfg=cfg, sms=sms, tma=tma, pointers=tail.pointers(), scalars=tail.scalars(), SPLIT_TAIL=tail.splits > 0)  # fmt: skip
     return out
 
 

@@ -17,6 +17,10 @@ persistent launch over every chunk's tiles has a single tail, and the chunk orde
   owner's memory from the epilogue was tried first: the NVLink stores and the release fence behind them
   held each program up, 0.161 ms against 0.131 ms for cuBLAS chunks at h4096 proj_fprop on 2 x H200.)
 
+Both kernels split their part-empty last round along K like `gemm.matmul` (`gemm.split_tail`) when the
+tile config asks for it: those tiles are the last chunk's, the one that arrives (gather) or that we keep
+(scatter) last, so the split shortens the part of the launch that no communication hides.
+
 Layouts (row-major, per rank; P = tp, R = rows per chunk = T / P):
     gather:  a [R, K] local shard, ring [P*R, K] (chunk c = rows c*R.., written by peer c), b [K, N],
              out [P*R, N]
@@ -60,6 +64,8 @@ def _gather_matmul_kernel(
     b,
     c,
     ready_ptr,
+    partials,
+    locks,
     R,
     N,
     K,
@@ -71,6 +77,8 @@ def _gather_matmul_kernel(
     stride_cn,
     rank,
     epoch,
+    tail_tiles,
+    splits,
     CHUNKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -83,43 +91,125 @@ def _gather_matmul_kernel(
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
     TMA: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr,
 ):
     pid = tl.program_id(axis=0)
     num_pid_m = (R + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     chunk_tiles = num_pid_m * num_pid_n
+    whole_tiles = CHUNKS * chunk_tiles - tail_tiles
+    steps = (K + BLOCK_K - 1) // BLOCK_K
     arrived = 0  # the last ring step whose chunk this program saw arrive (step 0: the local shard)
-    for tile in tl.range(pid, CHUNKS * chunk_tiles, NUM_SMS):
+    for tile in tl.range(pid, whole_tiles, NUM_SMS):
         step = tile // chunk_tiles
         src = (rank + CHUNKS - step) % CHUNKS
+        if step > arrived:  # tiles only move forward, so one wait per chunk and program
+            _wait_at_least(ready_ptr + src, epoch)
+            arrived = step
         pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        rows = a
-        row0 = off_m
-        if step > 0:
-            if step > arrived:  # tiles only move forward, so one wait per chunk and program
-                _wait_at_least(ready_ptr + src, epoch)
-                arrived = step
-            if TMA:  # chunk rows are whole tiles (the host checks), so a descriptor over the ring serves
-                rows = ring
-                row0 = src * R + off_m
-            else:
-                rows = ring + src * R * stride_am
-        # One K loop for every chunk: two would each hold their own pipeline stages in shared memory.
-        acc = gemm.tile_product(
-            rows, b, row0, off_n, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        acc = _gathered_product(
+            a, ring, b, src, step, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, steps, R, N, K, stride_am, stride_ak,
+            stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
         )  # fmt: skip
-        if TMA:
-            gemm.store_tile(
-                c, src * R + off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA
-            )
-        else:
-            gemm.store_tile(
-                c + src * R * stride_cm, off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M,
-                EVEN_N, TMA,
+        _store_gathered(
+            c, acc, src, pid_m * BLOCK_M, pid_n * BLOCK_N, R, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, EVEN_M,
+            EVEN_N, TMA,
+        )  # fmt: skip
+    # the last chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
+    # `if` of its own, so that kernels without a split tail do not even compile it
+    if SPLIT_TAIL:  # noqa: SIM102
+        if pid < tail_tiles * splits:
+            t, k_lo, k_hi = gemm.tail_part(pid, tail_tiles, splits, K, BLOCK_K)
+            tile = whole_tiles + t
+            step = tile // chunk_tiles
+            src = (rank + CHUNKS - step) % CHUNKS
+            if step > arrived:
+                _wait_at_least(ready_ptr + src, epoch)
+            pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
+            acc = _gathered_product(
+                a, ring, b, src, step, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am, stride_ak,
+                stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
             )  # fmt: skip
+            last, total = gemm.add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
+            if last:
+                _store_gathered(
+                    c, total, src, pid_m * BLOCK_M, pid_n * BLOCK_N, R, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N,
+                    EVEN_M, EVEN_N, TMA,
+                )  # fmt: skip
+
+
+@triton.jit
+def _gathered_product(
+    a,
+    ring,
+    b,
+    src,
+    step,
+    off_m,
+    off_n,
+    k_lo,
+    k_hi,
+    R,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """K steps [k_lo, k_hi) of a tile of chunk ``src``: read from the local shard ``a`` at ring step 0, else
+    from ``ring``."""
+    rows = a
+    row0 = off_m
+    if step > 0:
+        if TMA:  # chunk rows are whole tiles (the host checks), so a descriptor over the ring serves
+            rows = ring
+            row0 = src * R + off_m
+        else:
+            rows = ring + src * R * stride_am
+    # One K loop for every chunk: two would each hold their own pipeline stages in shared memory.
+    return gemm.partial_product(
+        rows, b, row0, off_n, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+        BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_gathered(
+    c,
+    acc,
+    src,
+    off_m,
+    off_n,
+    R,
+    N,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Store a tile of chunk ``src`` into its rows of ``out``."""
+    if TMA:
+        gemm.store_tile(
+            c, src * R + off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA
+        )
+    else:
+        gemm.store_tile(
+            c + src * R * stride_cm, off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M,
+            EVEN_N, TMA,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -131,6 +221,8 @@ def _scatter_matmul_kernel(
     counts_ptr,
     recv_ptr,
     ready_ptr,
+    partials,
+    locks,
     R,
     N,
     K,
@@ -143,6 +235,8 @@ def _scatter_matmul_kernel(
     rank,
     epoch,
     lanes,
+    tail_tiles,
+    splits,
     CHUNKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -155,49 +249,144 @@ def _scatter_matmul_kernel(
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
     TMA: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr,
 ):
     pid = tl.program_id(axis=0)
     num_pid_m = (R + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     chunk_tiles = num_pid_m * num_pid_n
-    groups = (num_pid_m + GROUP_M - 1) // GROUP_M
+    whole_tiles = CHUNKS * chunk_tiles - tail_tiles
+    steps = (K + BLOCK_K - 1) // BLOCK_K
     arrived = -1  # the last row group of our chunk whose received partials this program saw arrive
-    for tile in tl.range(pid, CHUNKS * chunk_tiles, NUM_SMS):
+    for tile in tl.range(pid, whole_tiles, NUM_SMS):
         step = tile // chunk_tiles
         owner = (rank + 1 + step) % CHUNKS  # others first, our own chunk last
         pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
-        group = pid_m // GROUP_M  # the grouped order finishes a chunk's row groups one after another
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        if TMA:
-            acc = gemm.tile_product(
-                a, b, owner * R + off_m, off_n, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        acc = _owner_product(
+            a, b, owner, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, steps, R, N, K, stride_am, stride_ak, stride_bk,
+            stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        )  # fmt: skip
+        arrived = _finish_scattered(
+            c, parts_ptr, counts_ptr, recv_ptr, ready_ptr, acc, step, pid_m, pid_n, arrived, R, N, stride_cm,
+            stride_cn, rank, epoch, lanes, (num_pid_m + GROUP_M - 1) // GROUP_M, CHUNKS, BLOCK_M, BLOCK_N, GROUP_M,
+            EVEN_M, EVEN_N, TMA,
+        )  # fmt: skip
+    # our own chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
+    # `if` of its own, so that kernels without a split tail do not even compile it
+    if SPLIT_TAIL:  # noqa: SIM102
+        if pid < tail_tiles * splits:
+            t, k_lo, k_hi = gemm.tail_part(pid, tail_tiles, splits, K, BLOCK_K)
+            tile = whole_tiles + t
+            step = tile // chunk_tiles
+            pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
+            acc = _owner_product(
+                a, b, (rank + 1 + step) % CHUNKS, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am,
+                stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N,
+                EVEN_K, TMA,
             )  # fmt: skip
-        else:
-            acc = gemm.tile_product(
-                a + owner * R * stride_am, b, off_m, off_n, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-            )  # fmt: skip
-        if step < CHUNKS - 1:
-            # A pointer store, not TMA's asynchronous one: the count below must release finished data.
-            gemm.store_tile(
-                parts_ptr + step * R * N, off_m, off_n, R, N, N, 1, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, False
-            )
-            tl.debug_barrier()  # the whole tile is stored before the count releases it to the copy engine
-            tl.atomic_add(counts_ptr + step * groups + group, 1, sem="release", scope="gpu")
-        else:
-            if group > arrived:  # tiles only move forward, so one wait per row group and program
-                for d in tl.static_range(1, CHUNKS):
-                    _wait_at_least(ready_ptr + ((rank + CHUNKS - d) % CHUNKS) * lanes + group, epoch)
-                arrived = group
-            offs_m = off_m + tl.arange(0, BLOCK_M)
-            offs_n = off_n + tl.arange(0, BLOCK_N)
+            last, total = gemm.add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
+            if last:
+                _finish_scattered(
+                    c, parts_ptr, counts_ptr, recv_ptr, ready_ptr, total, step, pid_m, pid_n, arrived, R, N,
+                    stride_cm, stride_cn, rank, epoch, lanes, (num_pid_m + GROUP_M - 1) // GROUP_M, CHUNKS,
+                    BLOCK_M, BLOCK_N, GROUP_M, EVEN_M, EVEN_N, TMA,
+                )  # fmt: skip
+
+
+@triton.jit
+def _owner_product(
+    a,
+    b,
+    owner,
+    off_m,
+    off_n,
+    k_lo,
+    k_hi,
+    R,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """K steps [k_lo, k_hi) of a tile of the chunk that ``owner`` keeps (rows owner * R.. of ``a``)."""
+    if TMA:
+        acc = gemm.partial_product(
+            a, b, owner * R + off_m, off_n, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        )  # fmt: skip
+    else:
+        acc = gemm.partial_product(
+            a + owner * R * stride_am, b, off_m, off_n, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk,
+            stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        )  # fmt: skip
+    return acc
+
+
+@triton.jit
+def _finish_scattered(
+    c,
+    parts_ptr,
+    counts_ptr,
+    recv_ptr,
+    ready_ptr,
+    acc,
+    step,
+    pid_m,
+    pid_n,
+    arrived,
+    R,
+    N,
+    stride_cm,
+    stride_cn,
+    rank,
+    epoch,
+    lanes,
+    groups,
+    CHUNKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Hand a finished tile ``acc`` of ring step ``step`` on: another owner's partial is staged and counted
+    for the copy engine; a tile of our own chunk gets the partials received for its row group added and is
+    stored.  Returns the last row group whose flags this program has seen (``arrived``, updated)."""
+    group = pid_m // GROUP_M  # the grouped order finishes a chunk's row groups one after another
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    if step < CHUNKS - 1:
+        # A pointer store, not TMA's asynchronous one: the count below must release finished data.
+        gemm.store_tile(
+            parts_ptr + step * R * N, off_m, off_n, R, N, N, 1, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, False
+        )
+        tl.debug_barrier()  # the whole tile is stored before the count releases it to the copy engine
+        tl.atomic_add(counts_ptr + step * groups + group, 1, sem="release", scope="gpu")
+    else:
+        if group > arrived:  # tiles only move forward, so one wait per row group and program
             for d in tl.static_range(1, CHUNKS):
-                src = (rank + CHUNKS - d) % CHUNKS
-                part_ptrs = recv_ptr + src * R * N + offs_m[:, None] * N + offs_n[None, :]
-                acc += gemm.load_block(part_ptrs, offs_m < R, offs_n < N, EVEN_M, EVEN_N).to(tl.float32)
-            gemm.store_tile(c, off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA)
+                _wait_at_least(ready_ptr + ((rank + CHUNKS - d) % CHUNKS) * lanes + group, epoch)
+            arrived = group
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        for d in tl.static_range(1, CHUNKS):
+            src = (rank + CHUNKS - d) % CHUNKS
+            part_ptrs = recv_ptr + src * R * N + offs_m[:, None] * N + offs_n[None, :]
+            acc += gemm.load_block(part_ptrs, offs_m < R, offs_n < N, EVEN_M, EVEN_N).to(tl.float32)
+        gemm.store_tile(c, off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA)
+    return arrived
 
 
 def gather_matmul(
@@ -266,7 +455,7 @@ def scatter_plan(
     """The tile config (``config``, else `gemm.choose_config`'s) and row groups of `scatter_matmul` for
     chunks of ``rows`` x ``n`` (depth ``k``)."""
     sms = gemm.resolve_num_sms(device, num_sms)
-    cfg = config or gemm.choose_config(chunks * rows, n, k, dtype, sms, split_tail=False)
+    cfg = config or gemm.choose_config(chunks * rows, n, k, dtype, sms)
     tiles_n = triton.cdiv(n, cfg.block_n)
     span = cfg.block_m * cfg.group_m
     groups = []
@@ -331,19 +520,22 @@ def _launch(
     """Launch a ring kernel over ``chunks`` chunks of the problem ``a [R, K] @ b [K, N]``.
 
     ``tiled`` are the kernel's leading operands, each with its role ("a", "b" or "c": which tile shape a
-    descriptor of it moves), ``flags`` its pointer-only tensors after them, ``scalars`` its arguments after
-    ``rank`` (see `gemm.launch`).  The tiles move by TMA when ``tma``, `gemm.tma_fits` allows and a chunk
-    is whole tiles (a tile must not reach into the next chunk).
+    descriptor of it moves), ``flags`` its pointer-only tensors after them (then the split tail's
+    ``partials, locks``), ``scalars`` its arguments after ``rank`` (then ``tail_tiles, splits``; see
+    `gemm.launch` and `gemm.TailSplit`).  The tiles move by TMA when ``tma``, `gemm.tma_fits` allows and a
+    chunk is whole tiles (a tile must not reach into the next chunk).
     """
     (rows, k), n = a.shape, b.shape[1]
     if not 0 <= rank < chunks:
         raise InputError("rank", f"must be between 0 and {chunks - 1}", rank)
     gemm.check_launchable(a)
     sms = gemm.resolve_num_sms(a.device, num_sms)
-    cfg = config or gemm.choose_config(chunks * rows, n, k, a.dtype, sms, split_tail=False)
-    grid = (min(sms, chunks * triton.cdiv(rows, cfg.block_m) * triton.cdiv(n, cfg.block_n)),)
-    gemm.launch(kernel, grid, tiled, a=a, b=b, out=out, cfg=cfg, sms=sms, tma=tma and rows % cfg.block_m == 0,
-                pointers=flags, scalars=(rank, *scalars), CHUNKS=chunks)  # fmt: skip
+    cfg = config or gemm.choose_config(chunks * rows, n, k, a.dtype, sms)
+    tiles = chunks * triton.cdiv(rows, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    tail = gemm.TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
+    gemm.launch(kernel, tail.grid(tiles, sms), tiled, a=a, b=b, out=out, cfg=cfg, sms=sms,
+                tma=tma and rows % cfg.block_m == 0, pointers=(*flags, *tail.pointers()),
+                scalars=(rank, *scalars, *tail.scalars()), CHUNKS=chunks, SPLIT_TAIL=tail.splits > 0)  # fmt: skip
 
 
 def _chunks(t: torch.Tensor, rows: int, name: str) -> int:

@@ -1,0 +1,93 @@
+"""One rank's call of a ring kernel (`overlap_runtime.ring_gemm`) with the peers' side of the exchange
+already done (their pushes, flags and counts prepared here), and its float64 reference.
+
+Shared by the interpreter tests (CPU tensors, the module from `triton_interpreter.interpreted`) and the
+compiled check on a GPU (CUDA tensors, the module imported plainly in a fresh process).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.to(out.device)).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _rand(*shape: int, dtype: torch.dtype, seed: int, device: str) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
+
+
+def run_gather(
+    ring_gemm: ModuleType,
+    chunks: int,
+    rank: int,
+    shape: tuple[int, int, int],
+    dtype: torch.dtype,
+    *,
+    tma: bool,
+    config: object,
+    num_sms: int | None,
+    device: str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gather_matmul` of chunks of ``shape`` = (rows, n, k) with every peer chunk arrived: (out, reference)."""
+    rows, n, k = shape
+    full = _rand(chunks * rows, k, dtype=dtype, seed=chunks + rank, device=device)
+    b = _rand(k, n, dtype=dtype, seed=7, device=device)
+    local = full[rank * rows : (rank + 1) * rows].clone()
+    ring = full.clone()
+    ring[rank * rows : (rank + 1) * rows] = float("nan")  # our own chunk must come from `local`
+    epoch = 5
+    ready = torch.full((chunks,), epoch, dtype=torch.int32, device=device)
+    ready[rank] = 0  # never awaited: the local shard needs no flag
+    out = torch.full((chunks * rows, n), float("nan"), dtype=dtype, device=device)
+    ring_gemm.gather_matmul(
+        local, ring, b, out, ready=ready, epoch=epoch, rank=rank, num_sms=num_sms, config=config, tma=tma
+    )
+    assert ready.tolist() == [0 if c == rank else epoch for c in range(chunks)]  # flags are only read
+    return out, full.double() @ b.double()
+
+
+def run_scatter(
+    ring_gemm: ModuleType,
+    chunks: int,
+    rank: int,
+    shape: tuple[int, int, int],
+    dtype: torch.dtype,
+    *,
+    tma: bool,
+    config: object,
+    num_sms: int | None,
+    device: str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`scatter_matmul` of chunks of ``shape`` = (rows, n, k) with every peer's partial received: (out,
+    reference); asserts what it staged and counted for the other owners on the way."""
+    rows, n, k = shape
+    a = _rand(chunks * rows, k, dtype=dtype, seed=10 + rank, device=device)
+    b = _rand(k, n, dtype=dtype, seed=11, device=device)
+    epoch = 3
+    plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=a.device, num_sms=num_sms,
+                                  config=config)  # fmt: skip
+    lanes = len(plan.groups) + 1
+    groups = len(plan.groups)
+    recv = torch.full((chunks, rows, n), float("nan"), dtype=dtype, device=device)
+    for src in range(chunks):
+        if src != rank:  # what the peers' copy engines pushed to us this call
+            recv[src] = _rand(rows, n, dtype=dtype, seed=20 + src, device=device)
+    ready = torch.full((chunks * lanes,), epoch, dtype=torch.int32, device=device)  # every row group is in
+    parts = torch.full((chunks - 1, rows, n), float("nan"), dtype=dtype, device=device)
+    counts = torch.full(((chunks - 1) * groups,), 5, dtype=torch.int32, device=device)  # totals of earlier calls
+    out = torch.full((rows, n), float("nan"), dtype=dtype, device=device)
+    ring_gemm.scatter_matmul(
+        a, b, out, parts=parts, counts=counts, recv=recv, ready=ready, epoch=epoch, rank=rank, plan=plan, tma=tma
+    )
+    partial = (a.double() @ b.double()).view(chunks, rows, n)
+    for step in range(chunks - 1):
+        assert rel_err(parts[step], partial[(rank + 1 + step) % chunks]) <= REL_TOL[dtype], step
+    assert counts.tolist() == [5 + g.tiles for _ in range(chunks - 1) for g in plan.groups]
+    assert ready.tolist() == [epoch] * (chunks * lanes)  # flags are only read
+    return out, partial[rank] + sum(recv[s].double() for s in range(chunks) if s != rank)
