@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +74,9 @@ MAX_TAIL_SPLITS = 4
 # and beat it on 2048x2560x5120 (0.096 vs 0.113 ms with TMA); 64x128 ran at 0.59 (measured before the
 # mask-free EVEN_* paths existed).  Re-check with the benchmark's sweep when the kernel changes.
 _TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.92, (64, 128): 0.59}
+
+MAX_EARLY_WAITERS = 1 / 8
+"""Share of a ring kernel's programs that `choose_config` lets start on a chunk still in flight."""
 
 _TAIL_FIXUP_COST = 22 * 128 * 256
 """What `split_tail`'s fix-up (storing and re-reading fp32 parts) adds, in `choose_config`'s units (tile area
@@ -134,8 +136,9 @@ SMALL = GemmTileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_sta
 """Few tiles (small M or N)."""
 
 
-def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int) -> GemmTileConfig:
-    """The tile config `matmul` and the ring kernels (`ring_gemm`) use when the caller gives none.
+def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, chunks: int = 1) -> GemmTileConfig:
+    """The tile config `matmul` and the ring kernels (`ring_gemm`, ``chunks`` = tp) use when the caller gives
+    none.
 
     The heuristic: a persistent kernel finishes when its busiest program does, after ``ceil(tiles /
     num_sms)`` tiles of ``steps = ceil(k / block_k)`` K steps each, so a config costs ``rounds * steps *
@@ -145,23 +148,28 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int) -> G
     128x256x64, and a split tail or 128x128 / 64x128 tiles take over when 128x256 tiles would leave most
     SMs idle in the last round.  For fp32 inputs (tests), block_k is halved and stages drop to 3 so the
     stages fit in SMEM.
+
+    A ring kernel's tiles past its first chunk (m / ``chunks`` rows) wait for communication, so a config
+    whose first chunk leaves more than `MAX_EARLY_WAITERS` of the programs waiting from the start is
+    passed over when another one keeps them busy (at h5120 s2048 proj_dgrad on 2 x H200, 128x256 tiles
+    with a split tail started 52 of 132 programs on the peer's chunk: 0.130 ms against 0.108 with 128x128).
     """
-    best, best_cost = LARGE, math.inf
+    choices = []
     for base in (LARGE, MEDIUM, SMALL):
         cfg = base if dtype != torch.float32 else dataclasses.replace(base, block_k=base.block_k // 2, num_stages=3)
         steps = max(1, triton.cdiv(k, cfg.block_k))
         area = cfg.block_m * cfg.block_n / _TILE_EFFICIENCY[(cfg.block_m, cfg.block_n)]
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         full, tail = divmod(tiles, num_sms)
-        candidates = [((full + (tail > 0)) * steps * area, cfg)]
+        waiters = num_sms - triton.cdiv(m // chunks, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        early = chunks > 1 and waiters > num_sms * MAX_EARLY_WAITERS
+        choices.append((early, (full + (tail > 0)) * steps * area, cfg))
         splits = tail_splits(tiles, num_sms, steps)
         if splits:
             cost = (full * steps + steps / splits) * area + _TAIL_FIXUP_COST
-            candidates.append((cost, dataclasses.replace(cfg, split_tail=True)))
-        for cost, candidate in candidates:
-            if cost < best_cost:
-                best, best_cost = candidate, cost
-    return best
+            choices.append((early, cost, dataclasses.replace(cfg, split_tail=True)))
+    # min() keeps the first of equal keys: ties go to the larger tile, then to no split
+    return min(choices, key=lambda choice: choice[:2])[2]
 
 
 @triton.jit

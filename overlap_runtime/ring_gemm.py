@@ -455,7 +455,7 @@ def scatter_plan(
     """The tile config (``config``, else `gemm.choose_config`'s) and row groups of `scatter_matmul` for
     chunks of ``rows`` x ``n`` (depth ``k``)."""
     sms = gemm.resolve_num_sms(device, num_sms)
-    cfg = config or gemm.choose_config(chunks * rows, n, k, dtype, sms)
+    cfg = config or gemm.choose_config(chunks * rows, n, k, dtype, sms, chunks=chunks)
     tiles_n = triton.cdiv(n, cfg.block_n)
     span = cfg.block_m * cfg.group_m
     groups = []
@@ -530,7 +530,7 @@ def _launch(
         raise InputError("rank", f"must be between 0 and {chunks - 1}", rank)
     gemm.check_launchable(a)
     sms = gemm.resolve_num_sms(a.device, num_sms)
-    cfg = config or gemm.choose_config(chunks * rows, n, k, a.dtype, sms)
+    cfg = config or gemm.choose_config(chunks * rows, n, k, a.dtype, sms, chunks=chunks)
     tiles = chunks * triton.cdiv(rows, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     tail = gemm.TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
     gemm.launch(kernel, tail.grid(tiles, sms), tiled, a=a, b=b, out=out, cfg=cfg, sms=sms,

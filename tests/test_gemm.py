@@ -252,6 +252,9 @@ def test_heuristic_picks_big_tiles_for_big_problems_and_smaller_ones_to_fill_the
     # 2048 x 2560: 160 tiles of 128x256 take 2 rounds on 132 SMs (the second 21% busy); split 4 ways along K,
     # the 28 tiles of that round take a quarter of one (plus the fix-up).
     assert choose(2048, 2560, 5120, torch.bfloat16, 132) == dataclasses.replace(gemm.LARGE, split_tail=True)
+    # In a 2-chunk ring, 128x256 tiles would start 52 of 132 programs on the chunk still in flight: 128x128.
+    assert choose(2048, 2560, 5120, torch.bfloat16, 132, chunks=2) == gemm.MEDIUM
+    assert choose(4096, 2048, 4096, torch.bfloat16, 132, chunks=2) == gemm.LARGE  # 4 of 132 waiting: fine
     # K = 2560 is 40 steps: the fix-up would cost more than the split saves; 640 tiles of 128x128 fill 5 rounds.
     assert choose(2048, 5120, 2560, torch.bfloat16, 132) == gemm.MEDIUM
     assert choose(1, 300, 17, torch.bfloat16, 4) == gemm.SMALL
