@@ -11,7 +11,7 @@ What it measures (bf16, random normal inputs, fp32 accumulate):
   2. 8192^3 with the SM count held to sm-8, sm-16, sm-32, 100 and 66: `matmul` (``num_sms``, a hard bound)
      beside `cublas_matmul` (cuBLASLt SM carve-out, a hint);
   3. a sweep of tile configs (split tail on and off) on every shape, and which one wins.
-Method: CUDA events around each call, each behind a ~100 us GPU sleep so that the host's launch work
+Method: CUDA events around each call, each behind a ~500 us GPU sleep so that the host's launch work
 (Triton's launcher, TMA descriptors) is not timed, variants interleaved (A B A B ...) after warm-ups,
 median and p20/p80 of the repeats; inputs rotate through enough buffer sets to exceed the L2 cache twice over.
 Every variant is checked once against cuBLAS (relative Frobenius error <= 1e-2).
@@ -159,8 +159,10 @@ class Operands:
 
 
 Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
-LEAD_CYCLES = 200_000
-"""GPU sleep before each timed call, about 100 us at H200 clocks: longer than any host launch here."""
+LEAD_CYCLES = 1_000_000
+"""GPU sleep before each timed call, about 500 us at H200 clocks: longer than the host's launch work (our
+GEMM's took ~205 us per call, Triton's launcher and TMA descriptors; torch.mm's ~25 us), so the GPU never
+waits for the host inside a timed region."""
 
 
 def time_interleaved(ops: Operands, variants: dict[str, Variant], *, warmup: int, repeats: int) -> dict[str, dict]:

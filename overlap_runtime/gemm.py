@@ -23,10 +23,10 @@ With TMA the persistent loop is flattened (the next tile's loads start under thi
 
 Measured on one H200 (132 SMs, torch 2.11, Triton 3.6, `bench/gemm_bench.py`, 2026-11-30): 128x256x64
 tiles, 8 warps, 3 stages ran 8192^3 bf16 at 1.01x cuBLAS; at the median of the 41 TP=2 layer GEMMs of the
-anchor shapes 0.996x cuBLAS (pointer loads had reached 0.973x), 0.82-0.96x on the M=2048 h5120 s2048 ones,
+anchor shapes 0.99x cuBLAS (pointer loads had reached 0.973x), 0.82-0.96x on the M=2048 h5120 s2048 ones,
 where a part-empty last round of tiles costs most (`split_tail` took them from 0.77-0.95x).  Held to 124 /
-116 / 100 / 66 SMs it took 1.06 / 1.12 / 1.29 / 1.96x its full-chip time (cuBLASLt with the carve-out:
-1.03 / 1.10 / 1.30 / 1.97x).
+116 / 100 / 66 SMs it took 1.05 / 1.09 / 1.18 / 1.77x its full-chip time (cuBLASLt with the carve-out:
+1.02 / 1.04 / 1.21 / 1.81x).
 
 The last round.  ``tiles % num_sms`` tiles are left for the last round, which leaves the other SMs idle.
 With ``split_tail`` (`choose_config` sets it where its cost model says it pays) each of those tiles is cut
