@@ -76,7 +76,7 @@ class OverlapConfig:
     """Our knob: which GEMM runs the chunks, "triton" (ours, SM-bounded) or "cublas"."""
     fused: bool = False
     """Our knob, ring_exchange with our triton GEMM: all tp chunks in one launch that moves them itself
-    (all-gather: waits in-kernel for each copy-engine push; reduce-scatter: counts each row group of a
+    (all-gather: waits in-kernel for each copy-engine push; reduce-scatter: counts each segment of a
     partial done for the copy engine to push to its owner, and adds the ones received), see `ring_gemm`."""
 
     def __post_init__(self) -> None:

@@ -134,10 +134,10 @@ class Device:
         plan: ring_gemm.ScatterPlan,
     ) -> None:
         """``out = reduce_scatter(a @ b)`` (our chunk) in one launch of our GEMM that stages the other owners'
-        partials in ``parts`` (counted per row group in ``counts``) and adds what arrived in ``box``
+        partials in ``parts`` (counted per segment in ``counts``) and adds what arrived in ``box``
         (`ring_gemm.scatter_matmul`); the copy engine's pushes are the caller's."""
         ring_gemm.scatter_matmul(
-            a, b, out, parts=parts, counts=counts.words[: (self.tp - 1) * len(plan.groups)], recv=box.local,
+            a, b, out, parts=parts, counts=counts.words[: (self.tp - 1) * len(plan.segments)], recv=box.local,
             ready=box.flags[: self.tp * box.lanes], epoch=epoch, rank=self.rank, plan=plan,
         )  # fmt: skip
 

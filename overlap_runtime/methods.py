@@ -417,12 +417,12 @@ def _fused_ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
 
 def _fused_ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
     """One launch of our GEMM over every chunk, the other owners' first (`ring_gemm.scatter_matmul`); the
-    copy engine pushes each of their row groups to its owner as soon as the kernel has counted it done."""
+    copy engine pushes each of their segments to its owner as soon as the kernel has counted it done."""
     g, p, r = ops.gemm, dev.tp, dev.rank
     tiling = ring_gemm.scatter_plan(
         ops.rows, g.n, g.k, chunks=p, dtype=ops.a.dtype, device=ops.a.device, num_sms=plan.gemm_sms
     )
-    lanes = ring_gemm.max_row_groups(ops.rows)
+    lanes = ring_gemm.max_segments(ops.rows)
     box = ops.peer_buffer("scattered_peer", (p, ops.rows, g.n), lanes=lanes)
     parts = ops.buffer("scatter_parts", (p - 1, ops.rows, g.n))
     counts = ops.counters("scatter_counts", (p - 1) * lanes)
@@ -437,9 +437,10 @@ def _fused_ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
         for s in range(p - 1):
             owner = (r + 1 + s) % p
             box.wait(owner, ACK, e - 1)
-            for j, rows in enumerate(tiling.groups):
-                counts.wait(s * len(tiling.groups) + j, rows.tiles)
-                box.peers[owner][r][rows.start : rows.stop].copy_(parts[s][rows.start : rows.stop], non_blocking=True)
+            for j, seg in enumerate(tiling.segments):
+                counts.wait(s * len(tiling.segments) + j, seg.tiles)
+                span = slice(seg.offset, seg.offset + seg.numel)  # contiguous in both (`ring_gemm.Segment`)
+                box.peers[owner][r].view(-1)[span].copy_(parts[s].view(-1)[span], non_blocking=True)
                 box.signal(owner, READY, e, lane=j)
     _release_chunks(dev, box, e)
     _join_stream(dev, comm)

@@ -9,11 +9,12 @@ persistent launch over every chunk's tiles has a single tail, and the chunk orde
   chunk's ready flag reaches the call's epoch (the copy engine pushed it and wrote the flag, see
   `symmetric`), then reads it.  The local shard is read in place, never copied into the gathered buffer.
 - `scatter_matmul` (reduce-scatter slots): ``out = reduce_scatter(a @ b)``, our chunk.  The tiles of every
-  other owner's chunk come first, stored into a local staging buffer and counted per row group (a release
-  atomic); the copy engine, stalled on each group's count by a stream wait, pushes the group into the
-  owner's receive slot and raises the owner's flag for it.  Our own chunk comes last and its epilogue
-  adds the partials received, each row group once its flags arrived: no separate reduction kernel, and
-  the partials travel group by group while the GEMM computes.  (Storing partials straight into the
+  other owner's chunk come first, stored into a local staging buffer and counted per segment (a block of
+  tiles that the tile order finishes together, `Segment`; a release atomic); the copy engine, stalled on
+  each segment's count by a stream wait, pushes the segment into the owner's receive slot and raises the
+  owner's flag for it.  Our own chunk comes last and its epilogue adds the partials received, each
+  segment once its flags arrived: no separate reduction kernel, and the partials travel segment by
+  segment while the GEMM computes.  (Storing partials straight into the
   owner's memory from the epilogue was tried first: the NVLink stores and the release fence behind them
   held each program up, 0.161 ms against 0.131 ms for cuBLAS chunks at h4096 proj_fprop on 2 x H200.)
 
@@ -25,10 +26,11 @@ Layouts (row-major, per rank; P = tp, R = rows per chunk = T / P):
     gather:  a [R, K] local shard, ring [P*R, K] (chunk c = rows c*R.., written by peer c), b [K, N],
              out [P*R, N]
     scatter: a [P*R, K] (chunk c = the rows owner c keeps), b [K, N], out [R, N],
-             parts [P-1, R, N] (staging, step s = owner rank+1+s), recv [P, R, N] (slot s = rank s's partial)
+             parts [P-1, R, N] (staging, step s = owner rank+1+s), recv [P, R, N] (slot s = rank s's partial);
+             each partial segment by segment, not row-major (`Segment.offset`)
 
 Flags are int32 words of `symmetric.PeerBuffer` that only grow: the kernels wait for ``ready[src] >=
-epoch`` (per row group for the scatter); the caller's copy-engine pushes wait until the owner acknowledged
+epoch`` (per segment for the scatter); the caller's copy-engine pushes wait until the owner acknowledged
 the previous call, so a slot is never overwritten while its owner still reads it.
 
 A flag that never comes spins forever: the group's watchdog kills such a call (`group`).  On CPU tensors
@@ -235,6 +237,7 @@ def _scatter_matmul_kernel(
     rank,
     epoch,
     lanes,
+    col_tiles,
     tail_tiles,
     splits,
     CHUNKS: tl.constexpr,
@@ -257,7 +260,7 @@ def _scatter_matmul_kernel(
     chunk_tiles = num_pid_m * num_pid_n
     whole_tiles = CHUNKS * chunk_tiles - tail_tiles
     steps = (K + BLOCK_K - 1) // BLOCK_K
-    arrived = -1  # the last row group of our chunk whose received partials this program saw arrive
+    arrived = -1  # the last segment of our chunk whose received partials this program saw arrive
     for tile in tl.range(pid, whole_tiles, NUM_SMS):
         step = tile // chunk_tiles
         owner = (rank + 1 + step) % CHUNKS  # others first, our own chunk last
@@ -268,8 +271,7 @@ def _scatter_matmul_kernel(
         )  # fmt: skip
         arrived = _finish_scattered(
             c, parts_ptr, counts_ptr, recv_ptr, ready_ptr, acc, step, pid_m, pid_n, arrived, R, N, stride_cm,
-            stride_cn, rank, epoch, lanes, (num_pid_m + GROUP_M - 1) // GROUP_M, CHUNKS, BLOCK_M, BLOCK_N, GROUP_M,
-            EVEN_M, EVEN_N, TMA,
+            stride_cn, rank, epoch, lanes, col_tiles, CHUNKS, BLOCK_M, BLOCK_N, GROUP_M, EVEN_M, EVEN_N, TMA,
         )  # fmt: skip
     # our own chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
     # `if` of its own, so that kernels without a split tail do not even compile it
@@ -288,8 +290,8 @@ def _scatter_matmul_kernel(
             if last:
                 _finish_scattered(
                     c, parts_ptr, counts_ptr, recv_ptr, ready_ptr, total, step, pid_m, pid_n, arrived, R, N,
-                    stride_cm, stride_cn, rank, epoch, lanes, (num_pid_m + GROUP_M - 1) // GROUP_M, CHUNKS,
-                    BLOCK_M, BLOCK_N, GROUP_M, EVEN_M, EVEN_N, TMA,
+                    stride_cm, stride_cn, rank, epoch, lanes, col_tiles, CHUNKS, BLOCK_M, BLOCK_N, GROUP_M,
+                    EVEN_M, EVEN_N, TMA,
                 )  # fmt: skip
 
 
@@ -352,7 +354,7 @@ def _finish_scattered(
     rank,
     epoch,
     lanes,
-    groups,
+    col_tiles,
     CHUNKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -362,30 +364,48 @@ def _finish_scattered(
     TMA: tl.constexpr,
 ):
     """Hand a finished tile ``acc`` of ring step ``step`` on: another owner's partial is staged and counted
-    for the copy engine; a tile of our own chunk gets the partials received for its row group added and is
-    stored.  Returns the last row group whose flags this program has seen (``arrived``, updated)."""
-    group = pid_m // GROUP_M  # the grouped order finishes a chunk's row groups one after another
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
+    for the copy engine; a tile of our own chunk gets the partials received for its segment added and is
+    stored.  Returns the last segment whose flags this program has seen (``arrived``, updated).
+
+    Segments (`Segment`) are GROUP_M tile rows by ``col_tiles`` tile columns, numbered in the grouped tile
+    order (row group by row group, columns left to right within one), so a program meets them in rising
+    order; partials keep each one contiguous, row-major at its own width (whole tiles: EVEN_* still hold).
+    """
+    num_pid_m = (R + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    col_groups = (num_pid_n + col_tiles - 1) // col_tiles
+    segments = (num_pid_m + GROUP_M - 1) // GROUP_M * col_groups
+    seg = pid_m // GROUP_M * col_groups + pid_n // col_tiles
+    row0 = pid_m // GROUP_M * (GROUP_M * BLOCK_M)
+    col0 = pid_n // col_tiles * (col_tiles * BLOCK_N)
+    seg_rows = tl.minimum(GROUP_M * BLOCK_M, R - row0)
+    seg_cols = tl.minimum(col_tiles * BLOCK_N, N - col0)
+    seg_base = row0 * N + seg_rows * col0
+    off_m = pid_m * BLOCK_M - row0  # within the segment
+    off_n = pid_n * BLOCK_N - col0
     if step < CHUNKS - 1:
         # A pointer store, not TMA's asynchronous one: the count below must release finished data.
         gemm.store_tile(
-            parts_ptr + step * R * N, off_m, off_n, R, N, N, 1, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, False
-        )
+            parts_ptr + step * R * N + seg_base, off_m, off_n, seg_rows, seg_cols, seg_cols, 1, acc, BLOCK_M,
+            BLOCK_N, EVEN_M, EVEN_N, False,
+        )  # fmt: skip
         tl.debug_barrier()  # the whole tile is stored before the count releases it to the copy engine
-        tl.atomic_add(counts_ptr + step * groups + group, 1, sem="release", scope="gpu")
+        tl.atomic_add(counts_ptr + step * segments + seg, 1, sem="release", scope="gpu")
     else:
-        if group > arrived:  # tiles only move forward, so one wait per row group and program
+        if seg > arrived:  # tiles only move forward, so one wait per segment and program
             for d in tl.static_range(1, CHUNKS):
-                _wait_at_least(ready_ptr + ((rank + CHUNKS - d) % CHUNKS) * lanes + group, epoch)
-            arrived = group
+                _wait_at_least(ready_ptr + ((rank + CHUNKS - d) % CHUNKS) * lanes + seg, epoch)
+            arrived = seg
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
         for d in tl.static_range(1, CHUNKS):
             src = (rank + CHUNKS - d) % CHUNKS
-            part_ptrs = recv_ptr + src * R * N + offs_m[:, None] * N + offs_n[None, :]
-            acc += gemm.load_block(part_ptrs, offs_m < R, offs_n < N, EVEN_M, EVEN_N).to(tl.float32)
-        gemm.store_tile(c, off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA)
+            part_ptrs = recv_ptr + src * R * N + seg_base + offs_m[:, None] * seg_cols + offs_n[None, :]
+            acc += gemm.load_block(part_ptrs, offs_m < seg_rows, offs_n < seg_cols, EVEN_M, EVEN_N).to(tl.float32)
+        gemm.store_tile(
+            c, pid_m * BLOCK_M, pid_n * BLOCK_N, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N,
+            TMA,
+        )  # fmt: skip
     return arrived
 
 
@@ -417,13 +437,37 @@ def gather_matmul(
     return out
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RowGroup:
-    """Rows [start, stop) of a chunk, whose ``tiles`` tiles `scatter_matmul` finishes together."""
+SEGMENT_BYTES = 2 << 20
+"""Size `scatter_plan` aims at per segment: a copy-engine push per ~2 MiB starts the reduce-scatter after the
+first round of tiles, not after the whole chunk (one row group per chunk made it about as slow as serial at
+h5120 s2048 proj_fprop on 2 x H200), while each push's fixed cost stays small beside its transfer."""
 
-    start: int
-    stop: int
+MAX_SEGMENTS = 16
+"""At most this many segments per chunk unless the row groups alone are more."""
+
+PUSH_FLOPS = 20e9
+"""GEMM work (whole launch) per segment at least: ~25 us at the ~750 TFLOP/s of an H200 in bf16, several times a
+push's fixed cost.  Pushes queue on one stream, and each costs ~5 us beyond its bytes: 8 segments instead of
+2 took h4096 s4096 proj_fprop (0.1 ms of GEMM) from 0.115 to 0.148 ms on 2 x H200, while 12 segments took
+h12288 s2048 proj_fprop (0.39 ms) from 0.429 to 0.422 and fc2_fprop from 76% to 83% hidden."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Segment:
+    """Rows [row_start, row_stop) x columns [col_start, col_stop) of a chunk, whose ``tiles`` tiles
+    `scatter_matmul` finishes together.  A partial holds it contiguously, row-major at its own width, from
+    element ``offset``: one copy-engine push moves it."""
+
+    row_start: int
+    row_stop: int
+    col_start: int
+    col_stop: int
     tiles: int
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        return (self.row_stop - self.row_start) * (self.col_stop - self.col_start)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -432,13 +476,15 @@ class ScatterPlan:
 
     config: gemm.GemmTileConfig
     num_sms: int
-    groups: tuple[RowGroup, ...]
+    col_tiles: int
+    """Tile columns per segment (the last one may have fewer)."""
+    segments: tuple[Segment, ...]
 
 
-def max_row_groups(rows: int) -> int:
-    """An upper bound of `scatter_plan`'s row groups for any tile config (flag lanes are sized by it)."""
+def max_segments(rows: int) -> int:
+    """An upper bound of `scatter_plan`'s default segments for any tile config (flag lanes are sized by it)."""
     smallest = min(cfg.block_m * cfg.group_m for cfg in (gemm.LARGE, gemm.MEDIUM, gemm.SMALL))
-    return triton.cdiv(rows, smallest)
+    return max(MAX_SEGMENTS, triton.cdiv(rows, smallest))
 
 
 def scatter_plan(
@@ -451,18 +497,34 @@ def scatter_plan(
     device: torch.device,
     num_sms: int | None,
     config: gemm.GemmTileConfig | None = None,
+    col_groups: int | None = None,
 ) -> ScatterPlan:
-    """The tile config (``config``, else `gemm.choose_config`'s) and row groups of `scatter_matmul` for
-    chunks of ``rows`` x ``n`` (depth ``k``)."""
+    """The tile config (``config``, else `gemm.choose_config`'s) and segments of `scatter_matmul` for chunks
+    of ``rows`` x ``n`` (depth ``k``): each row group of the tile order (``group_m`` tile rows) is cut into
+    ``col_groups`` column groups (None: segments of about `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and at
+    least `PUSH_FLOPS` of the launch's work each)."""
     sms = gemm.resolve_num_sms(device, num_sms)
     cfg = config or gemm.choose_config(chunks * rows, n, k, dtype, sms, chunks=chunks)
     tiles_n = triton.cdiv(n, cfg.block_n)
     span = cfg.block_m * cfg.group_m
-    groups = []
-    for start in range(0, rows, span):
-        stop = min(start + span, rows)
-        groups.append(RowGroup(start=start, stop=stop, tiles=triton.cdiv(stop - start, cfg.block_m) * tiles_n))
-    return ScatterPlan(config=cfg, num_sms=sms, groups=tuple(groups))
+    row_groups = triton.cdiv(rows, span)
+    if col_groups is None:
+        by_bytes = rows * n * dtype.itemsize // row_groups // SEGMENT_BYTES
+        by_work = int(2 * chunks * rows * n * k / PUSH_FLOPS) // row_groups
+        col_groups = max(1, min(tiles_n, by_bytes, by_work, MAX_SEGMENTS // row_groups))
+    elif not (isinstance(col_groups, int) and 1 <= col_groups <= tiles_n):
+        raise InputError("col_groups", f"must be between 1 and the {tiles_n} tile columns", col_groups)
+    col_tiles = triton.cdiv(tiles_n, col_groups)
+    segments = []
+    for row_start in range(0, rows, span):
+        row_stop = min(row_start + span, rows)
+        for col_start in range(0, n, col_tiles * cfg.block_n):
+            col_stop = min(col_start + col_tiles * cfg.block_n, n)
+            tiles = triton.cdiv(row_stop - row_start, cfg.block_m) * triton.cdiv(col_stop - col_start, cfg.block_n)
+            offset = row_start * n + (row_stop - row_start) * col_start
+            segments.append(Segment(row_start=row_start, row_stop=row_stop, col_start=col_start, col_stop=col_stop,
+                                    tiles=tiles, offset=offset))  # fmt: skip
+    return ScatterPlan(config=cfg, num_sms=sms, col_tiles=col_tiles, segments=tuple(segments))
 
 
 def scatter_matmul(
@@ -482,24 +544,25 @@ def scatter_matmul(
     """``out = reduce_scatter(a @ b)[rank]`` in one launch (see the module docstring; ``tma`` as in
     `gemm.matmul`).
 
-    ``parts`` [P-1, R, N]: our partials for the other owners, in step order (owner rank+1+s); each stored tile
-    bumps ``counts[s * groups + g]`` of its row group g (release, so the copy engine that waits for a group's
-    count reads finished data).  ``recv`` [P, R, N]: slot src = the partial that src sent us, row group g
-    in once ``ready[src * lanes + g] >= epoch`` (lanes = ``ready.numel() // P``).
+    ``parts`` [P-1, R, N]: our partials for the other owners, in step order (owner rank+1+s), each laid out
+    segment by segment (`Segment.offset`); each stored tile bumps ``counts[s * S + j]`` of its segment j
+    (S segments; release, so the copy engine that waits for a segment's count reads finished data).
+    ``recv`` [P, R, N]: slot src = the partial that src sent us, in the same layout, segment j in once
+    ``ready[src * lanes + j] >= epoch`` (lanes = ``ready.numel() // P``).
     """
     rows, n = out.shape
     chunks = _chunks(a, rows, "a")
     gemm.check_operands(a[:rows], b, out)
-    groups = len(plan.groups)
+    segments = len(plan.segments)
     for name, t, shape in (("parts", parts, (chunks - 1, rows, n)), ("recv", recv, (chunks, rows, n))):
         if tuple(t.shape) != shape or t.dtype != a.dtype or not t.is_contiguous():
             raise InputError(name, f"must be a contiguous {a.dtype} tensor of shape {shape}", tuple(t.shape))
-    _expect_flags("counts", counts, (chunks - 1) * groups)
-    if ready.dtype != torch.int32 or not ready.is_contiguous() or ready.numel() < chunks * groups:
-        raise InputError("ready", f"must hold at least {chunks * groups} contiguous int32 flags", tuple(ready.shape))
+    _expect_flags("counts", counts, (chunks - 1) * segments)
+    if ready.dtype != torch.int32 or not ready.is_contiguous() or ready.numel() < chunks * segments:
+        raise InputError("ready", f"must hold at least {chunks * segments} contiguous int32 flags", tuple(ready.shape))
     _launch(_scatter_matmul_kernel, ((a, "a"), (b, "b"), (out, "c")), (parts, counts, recv, ready), a=a[:rows],
-            b=b, out=out, rank=rank, scalars=(epoch, ready.numel() // chunks), chunks=chunks, num_sms=plan.num_sms,
-            config=plan.config, tma=tma)  # fmt: skip
+            b=b, out=out, rank=rank, scalars=(epoch, ready.numel() // chunks, plan.col_tiles), chunks=chunks,
+            num_sms=plan.num_sms, config=plan.config, tma=tma)  # fmt: skip
 
 
 def _launch(

@@ -63,31 +63,44 @@ def run_scatter(
     config: object,
     num_sms: int | None,
     device: str = "cpu",
+    col_groups: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`scatter_matmul` of chunks of ``shape`` = (rows, n, k) with every peer's partial received: (out,
-    reference); asserts what it staged and counted for the other owners on the way."""
+    reference); ``col_groups`` as in `scatter_plan`.  Asserts what it staged and counted for the other owners
+    on the way."""
     rows, n, k = shape
     a = _rand(chunks * rows, k, dtype=dtype, seed=10 + rank, device=device)
     b = _rand(k, n, dtype=dtype, seed=11, device=device)
     epoch = 3
     plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=a.device, num_sms=num_sms,
-                                  config=config)  # fmt: skip
-    lanes = len(plan.groups) + 1
-    groups = len(plan.groups)
+                                  config=config, col_groups=col_groups)  # fmt: skip
+    segments = len(plan.segments)
+    lanes = segments + 1
     recv = torch.full((chunks, rows, n), float("nan"), dtype=dtype, device=device)
     for src in range(chunks):
         if src != rank:  # what the peers' copy engines pushed to us this call
             recv[src] = _rand(rows, n, dtype=dtype, seed=20 + src, device=device)
-    ready = torch.full((chunks * lanes,), epoch, dtype=torch.int32, device=device)  # every row group is in
+    ready = torch.full((chunks * lanes,), epoch, dtype=torch.int32, device=device)  # every segment is in
     parts = torch.full((chunks - 1, rows, n), float("nan"), dtype=dtype, device=device)
-    counts = torch.full(((chunks - 1) * groups,), 5, dtype=torch.int32, device=device)  # totals of earlier calls
+    counts = torch.full(((chunks - 1) * segments,), 5, dtype=torch.int32, device=device)  # totals of earlier calls
     out = torch.full((rows, n), float("nan"), dtype=dtype, device=device)
     ring_gemm.scatter_matmul(
         a, b, out, parts=parts, counts=counts, recv=recv, ready=ready, epoch=epoch, rank=rank, plan=plan, tma=tma
     )
     partial = (a.double() @ b.double()).view(chunks, rows, n)
     for step in range(chunks - 1):
-        assert rel_err(parts[step], partial[(rank + 1 + step) % chunks]) <= REL_TOL[dtype], step
-    assert counts.tolist() == [5 + g.tiles for _ in range(chunks - 1) for g in plan.groups]
+        staged = row_major(plan, parts[step])
+        assert rel_err(staged, partial[(rank + 1 + step) % chunks]) <= REL_TOL[dtype], step
+    assert counts.tolist() == [5 + seg.tiles for _ in range(chunks - 1) for seg in plan.segments]
     assert ready.tolist() == [epoch] * (chunks * lanes)  # flags are only read
-    return out, partial[rank] + sum(recv[s].double() for s in range(chunks) if s != rank)
+    received = sum(row_major(plan, recv[s]).double() for s in range(chunks) if s != rank)
+    return out, partial[rank] + received
+
+
+def row_major(plan: object, partial: torch.Tensor) -> torch.Tensor:
+    """A [rows, n] partial laid out segment by segment (`ring_gemm.Segment`) in row-major order."""
+    flat, out = partial.reshape(-1), torch.empty_like(partial)
+    for seg in plan.segments:
+        block = flat[seg.offset : seg.offset + seg.numel].view(seg.row_stop - seg.row_start, -1)
+        out[seg.row_start : seg.row_stop, seg.col_start : seg.col_stop] = block
+    return out

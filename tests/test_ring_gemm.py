@@ -32,14 +32,16 @@ def test_gather_reads_the_local_shard_in_place_and_every_arrived_chunk(
 
 @PATHS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize(("chunks", "rank"), [(2, 0), (2, 1), (4, 3)])
-def test_scatter_stages_each_owners_partial_counts_its_row_groups_and_adds_what_arrived(
-    chunks: int, rank: int, dtype: torch.dtype, rows: int, tma: bool
+@pytest.mark.parametrize(("chunks", "rank", "col_groups"), [(2, 0, 1), (2, 1, 3), (4, 3, 3)])
+def test_scatter_stages_each_owners_partial_counts_its_segments_and_adds_what_arrived(
+    chunks: int, rank: int, col_groups: int, dtype: torch.dtype, rows: int, tma: bool
 ) -> None:
     plan = ring_gemm.scatter_plan(rows, N, K, chunks=chunks, dtype=dtype, device=torch.device("cpu"), num_sms=3,
-                                  config=SMALL)  # fmt: skip
-    assert len(plan.groups) == -(-rows // 64)  # row groups of 64 rows, the last one ragged at 130
-    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, N, K), dtype, tma=tma, config=SMALL, num_sms=3)
+                                  config=SMALL, col_groups=col_groups)  # fmt: skip
+    # row groups of 64 rows (the last one ragged at 130); 5 tile columns in 1 or 3 groups (the last ragged)
+    assert len(plan.segments) == -(-rows // 64) * col_groups
+    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, N, K), dtype, tma=tma, config=SMALL, num_sms=3,
+                           col_groups=col_groups)  # fmt: skip
     assert rel_err(out, ref) <= REL_TOL[dtype]
 
 
@@ -64,18 +66,27 @@ def test_ring_kernels_split_their_last_round_along_k(
     assert torch.equal(again, out)  # parts are added in split order, whoever arrives last
 
 
-def test_scatter_plan_splits_a_chunk_into_the_row_groups_of_the_tile_order() -> None:
-    plan = ring_gemm.scatter_plan(2048 + 100, 4096, 1024, chunks=2, dtype=torch.bfloat16, device=torch.device("cpu"),
+@pytest.mark.parametrize(
+    ("rows", "n", "k", "segments"),
+    [(1024, 12288, 24576, 12), (2048, 4096, 7168, 8), (2048 + 100, 4096, 1024, 3), (64, 256, 64, 1)],
+    ids=["h12288-fc2", "h4096-fc2", "ragged", "tiny"],
+)  # ~2 MiB each (25 MiB: 12); at least PUSH_FLOPS of work each (ragged: 36 GFLOP over 3 row groups: 1 each)
+def test_scatter_plan_lays_segments_end_to_end_over_the_chunk(rows: int, n: int, k: int, segments: int) -> None:
+    plan = ring_gemm.scatter_plan(rows, n, k, chunks=2, dtype=torch.bfloat16, device=torch.device("cpu"),
                                   num_sms=132)  # fmt: skip
     cfg = plan.config
-    span = cfg.block_m * cfg.group_m
-    assert [(g.start, g.stop) for g in plan.groups] == [(0, span), (span, 2 * span), (2 * span, 2148)][
-        : len(plan.groups)
-    ]
-    assert plan.groups[-1].stop == 2148 and all(g.start % span == 0 for g in plan.groups)
-    tiles_n = -(-4096 // cfg.block_n)
-    assert sum(g.tiles for g in plan.groups) == -(-2148 // cfg.block_m) * tiles_n
-    assert len(plan.groups) <= ring_gemm.max_row_groups(2148)
+    assert len(plan.segments) == segments <= ring_gemm.max_segments(rows)
+    covered = torch.zeros(rows, n, dtype=torch.int32)
+    offset = 0
+    for seg in plan.segments:
+        assert seg.offset == offset  # packed end to end, in the order the kernel finishes them
+        offset += seg.numel
+        covered[seg.row_start : seg.row_stop, seg.col_start : seg.col_stop] += 1
+        assert seg.row_start % (cfg.block_m * cfg.group_m) == 0 and seg.col_start % (cfg.block_n * plan.col_tiles) == 0
+        assert seg.tiles == -(-(seg.row_stop - seg.row_start) // cfg.block_m) * -(
+            -(seg.col_stop - seg.col_start) // cfg.block_n
+        )
+    assert offset == rows * n and bool((covered == 1).all())
 
 
 def test_bad_arguments_name_the_field() -> None:
@@ -105,6 +116,12 @@ def test_bad_arguments_name_the_field() -> None:
         ("counts", lambda: scatter(counts=torch.zeros(2, dtype=torch.int32))),
         ("ready", lambda: scatter(ready=torch.zeros(1, dtype=torch.int32))),
         ("a", lambda: scatter(rank=0, a_rows=4)),
+        (
+            "col_groups",
+            lambda: ring_gemm.scatter_plan(
+                4, 5, 3, chunks=2, dtype=torch.float32, device=a.device, num_sms=2, col_groups=2
+            ),
+        ),  # one tile column only
     ]
     for field, call in cases:
         with pytest.raises(InputError) as err:
