@@ -6,10 +6,10 @@ Sizes stay small: the interpreter runs every program in numpy.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
+from compiled import run_compiled
 from triton_interpreter import interpreted
 
 from overlap_runtime.errors import ConfigError, InputError
@@ -330,16 +330,7 @@ print("cuda checks ok")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_kernel_on_cuda_matches_on_odd_shapes_views_and_configs() -> None:
     """The compiled (non-interpreted) kernel, in a fresh process without TRITON_INTERPRET."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-c", _CUDA_CHECKS], cwd=root, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_compiled(_CUDA_CHECKS)
 
 
 def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: object) -> None:
@@ -366,11 +357,7 @@ def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: object) -> None:
 
 def test_interpreter_runs_the_kernel_even_when_triton_was_imported_first() -> None:
     """A suite where another test imported overlap_runtime (and triton) before this module set the variable."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = """
+    run_compiled("""
 import importlib.util, os, sys, torch
 sys.path.insert(0, "tests")
 import overlap_runtime.ring_gemm  # compiled mode: triton.language's @jit helpers are compiled-mode objects now
@@ -381,11 +368,4 @@ def load(name):
     return module
 load("test_gemm").test_matches_float64_on_odd_shapes((67, 45, 33), torch.bfloat16, 3)
 load("test_ring_gemm").test_gather_reads_the_local_shard_in_place_and_every_arrived_chunk(2, 1, torch.bfloat16, 96, True)
-print("ok")
-"""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+""")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from compiled import run_compiled
 from ring_cases import REL_TOL, rel_err, run_gather, run_scatter
 from triton_interpreter import interpreted
 
@@ -159,14 +160,4 @@ print("cuda ring checks ok")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_ring_kernels_on_cuda_match_with_and_without_a_split_tail() -> None:
     """The compiled (non-interpreted) kernels, in a fresh process without TRITON_INTERPRET."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-c", _CUDA_CHECKS], cwd=root, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_compiled(_CUDA_CHECKS)
