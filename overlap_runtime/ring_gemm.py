@@ -103,15 +103,10 @@ def _gather_matmul_kernel(
     steps = (K + BLOCK_K - 1) // BLOCK_K
     arrived = 0  # the last ring step whose chunk this program saw arrive (step 0: the local shard)
     for tile in tl.range(pid, whole_tiles, NUM_SMS):
-        step = tile // chunk_tiles
-        src = (rank + CHUNKS - step) % CHUNKS
-        if step > arrived:  # tiles only move forward, so one wait per chunk and program
-            _wait_at_least(ready_ptr + src, epoch)
-            arrived = step
-        pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
-        acc = _gathered_product(
-            a, ring, b, src, step, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, steps, R, N, K, stride_am, stride_ak,
-            stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        acc, src, pid_m, pid_n, arrived = _gathered_tile(
+            a, ring, b, ready_ptr, tile, 0, steps, arrived, chunk_tiles, num_pid_m, num_pid_n, R, N, K, stride_am,
+            stride_ak, stride_bk, stride_bn, rank, epoch, CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FP32_IEEE,
+            UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
         )  # fmt: skip
         _store_gathered(
             c, acc, src, pid_m * BLOCK_M, pid_n * BLOCK_N, R, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, EVEN_M,
@@ -122,15 +117,10 @@ def _gather_matmul_kernel(
     if SPLIT_TAIL:  # noqa: SIM102
         if pid < tail_tiles * splits:
             t, k_lo, k_hi = gemm.tail_part(pid, tail_tiles, splits, K, BLOCK_K)
-            tile = whole_tiles + t
-            step = tile // chunk_tiles
-            src = (rank + CHUNKS - step) % CHUNKS
-            if step > arrived:
-                _wait_at_least(ready_ptr + src, epoch)
-            pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
-            acc = _gathered_product(
-                a, ring, b, src, step, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am, stride_ak,
-                stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+            acc, src, pid_m, pid_n, arrived = _gathered_tile(
+                a, ring, b, ready_ptr, whole_tiles + t, k_lo, k_hi, arrived, chunk_tiles, num_pid_m, num_pid_n, R, N,
+                K, stride_am, stride_ak, stride_bk, stride_bn, rank, epoch, CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K,
+                GROUP_M, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
             )  # fmt: skip
             last, total = gemm.add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
             if last:
@@ -141,16 +131,18 @@ def _gather_matmul_kernel(
 
 
 @triton.jit
-def _gathered_product(
+def _gathered_tile(
     a,
     ring,
     b,
-    src,
-    step,
-    off_m,
-    off_n,
+    ready_ptr,
+    tile,
     k_lo,
     k_hi,
+    arrived,
+    chunk_tiles,
+    num_pid_m,
+    num_pid_n,
     R,
     N,
     K,
@@ -158,9 +150,13 @@ def _gathered_product(
     stride_ak,
     stride_bk,
     stride_bn,
+    rank,
+    epoch,
+    CHUNKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     FP32_IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     EVEN_M: tl.constexpr,
@@ -168,21 +164,29 @@ def _gathered_product(
     EVEN_K: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """K steps [k_lo, k_hi) of a tile of chunk ``src``: read from the local shard ``a`` at ring step 0, else
-    from ``ring``."""
+    """K steps [k_lo, k_hi) of ``tile`` (numbered over all chunks in ring order: the local shard's tiles
+    first, read from ``a``, then chunk src = rank - step's, read from ``ring`` once it arrived).  Returns
+    (acc, src, pid_m, pid_n, arrived): ``arrived`` is the last ring step this program has waited for."""
+    step = tile // chunk_tiles
+    src = (rank + CHUNKS - step) % CHUNKS
+    if step > arrived:  # tiles only move forward, so one wait per chunk and program
+        _wait_at_least(ready_ptr + src, epoch)
+        arrived = step
+    pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
     rows = a
-    row0 = off_m
+    row0 = pid_m * BLOCK_M
     if step > 0:
         if TMA:  # chunk rows are whole tiles (the host checks), so a descriptor over the ring serves
             rows = ring
-            row0 = src * R + off_m
+            row0 = src * R + pid_m * BLOCK_M
         else:
             rows = ring + src * R * stride_am
     # One K loop for every chunk: two would each hold their own pipeline stages in shared memory.
-    return gemm.partial_product(
-        rows, b, row0, off_n, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+    acc = gemm.partial_product(
+        rows, b, row0, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
         BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
     )  # fmt: skip
+    return acc, src, pid_m, pid_n, arrived
 
 
 @triton.jit
@@ -262,12 +266,10 @@ def _scatter_matmul_kernel(
     steps = (K + BLOCK_K - 1) // BLOCK_K
     arrived = -1  # the last segment of our chunk whose received partials this program saw arrive
     for tile in tl.range(pid, whole_tiles, NUM_SMS):
-        step = tile // chunk_tiles
-        owner = (rank + 1 + step) % CHUNKS  # others first, our own chunk last
-        pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
-        acc = _owner_product(
-            a, b, owner, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, steps, R, N, K, stride_am, stride_ak, stride_bk,
-            stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+        acc, step, pid_m, pid_n = _owner_tile(
+            a, b, tile, 0, steps, chunk_tiles, num_pid_m, num_pid_n, R, N, K, stride_am, stride_ak, stride_bk,
+            stride_bn, rank, CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K,
+            TMA,
         )  # fmt: skip
         arrived = _finish_scattered(
             c, parts_ptr, counts_ptr, recv_ptr, ready_ptr, acc, step, pid_m, pid_n, arrived, R, N, stride_cm,
@@ -278,13 +280,10 @@ def _scatter_matmul_kernel(
     if SPLIT_TAIL:  # noqa: SIM102
         if pid < tail_tiles * splits:
             t, k_lo, k_hi = gemm.tail_part(pid, tail_tiles, splits, K, BLOCK_K)
-            tile = whole_tiles + t
-            step = tile // chunk_tiles
-            pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
-            acc = _owner_product(
-                a, b, (rank + 1 + step) % CHUNKS, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am,
-                stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N,
-                EVEN_K, TMA,
+            acc, step, pid_m, pid_n = _owner_tile(
+                a, b, whole_tiles + t, k_lo, k_hi, chunk_tiles, num_pid_m, num_pid_n, R, N, K, stride_am, stride_ak,
+                stride_bk, stride_bn, rank, CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FP32_IEEE, UPCAST, EVEN_M,
+                EVEN_N, EVEN_K, TMA,
             )  # fmt: skip
             last, total = gemm.add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
             if last:
@@ -296,14 +295,15 @@ def _scatter_matmul_kernel(
 
 
 @triton.jit
-def _owner_product(
+def _owner_tile(
     a,
     b,
-    owner,
-    off_m,
-    off_n,
+    tile,
     k_lo,
     k_hi,
+    chunk_tiles,
+    num_pid_m,
+    num_pid_n,
     R,
     N,
     K,
@@ -311,9 +311,12 @@ def _owner_product(
     stride_ak,
     stride_bk,
     stride_bn,
+    rank,
+    CHUNKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     FP32_IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     EVEN_M: tl.constexpr,
@@ -321,18 +324,22 @@ def _owner_product(
     EVEN_K: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """K steps [k_lo, k_hi) of a tile of the chunk that ``owner`` keeps (rows owner * R.. of ``a``)."""
+    """K steps [k_lo, k_hi) of ``tile`` (numbered over all chunks in ring order: the other owners' chunks
+    first, ours last), read from the rows of ``a`` its owner keeps.  Returns (acc, step, pid_m, pid_n)."""
+    step = tile // chunk_tiles
+    owner = (rank + 1 + step) % CHUNKS
+    pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
     if TMA:
         acc = gemm.partial_product(
-            a, b, owner * R + off_m, off_n, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+            a, b, owner * R + pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk,
+            stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
         )  # fmt: skip
     else:
         acc = gemm.partial_product(
-            a + owner * R * stride_am, b, off_m, off_n, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk,
-            stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+            a + owner * R * stride_am, b, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am,
+            stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
         )  # fmt: skip
-    return acc
+    return acc, step, pid_m, pid_n
 
 
 @triton.jit
