@@ -10,6 +10,9 @@ never need a reset.  Flag layout per rank: ``flags[READY, src]`` = last epoch wh
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
@@ -33,29 +36,25 @@ def stream_write(address: int, value: int) -> None:
     """On the current stream: write the int32 ``value`` at ``address`` (any rank's mapped memory) once prior
     work is done and visible (the default flags fence first)."""
     driver = _driver()
-    stream = torch.cuda.current_stream().cuda_stream
-    _check(
-        driver.cuStreamWriteValue32(
-            driver.CUstream(stream),
-            driver.CUdeviceptr(address),
-            value,
-            driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
-        )
+    _on_current_stream(
+        driver.cuStreamWriteValue32, address, value, driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
     )
 
 
 def stream_wait(address: int, value: int) -> None:
     """Stall the current stream until the int32 at ``address`` is at least ``value`` (no kernel spins)."""
     driver = _driver()
-    stream = torch.cuda.current_stream().cuda_stream
-    _check(
-        driver.cuStreamWaitValue32(
-            driver.CUstream(stream),
-            driver.CUdeviceptr(address),
-            value,
-            driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
-        )
+    _on_current_stream(
+        driver.cuStreamWaitValue32, address, value, driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
     )
+
+
+def _on_current_stream(op: Callable[..., tuple], address: int, value: int, flags: Any) -> None:
+    """Queue the stream memory operation ``op`` (cuStreamWriteValue32 / cuStreamWaitValue32) on the current
+    stream."""
+    driver = _driver()
+    stream = torch.cuda.current_stream().cuda_stream
+    _check(op(driver.CUstream(stream), driver.CUdeviceptr(address), value, flags))
 
 
 class Counters:
