@@ -21,6 +21,7 @@ def environment() -> dict[str, object]:
             gpu=props.name,
             gpu_count=torch.cuda.device_count(),
             sm_count=props.multi_processor_count,
+            l2_bytes=getattr(props, "L2_cache_size", None),
             cuda=torch.version.cuda,
             nccl=".".join(map(str, torch.cuda.nccl.version())),
         )
@@ -28,7 +29,8 @@ def environment() -> dict[str, object]:
             import pynvml
 
             pynvml.nvmlInit()
-            env["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            env["driver"] = driver.decode() if isinstance(driver, bytes) else driver
             pynvml.nvmlShutdown()
         except Exception as e:  # the numbers are still worth keeping without the driver string
             env["driver"] = f"unknown ({type(e).__name__})"

@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -40,6 +39,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from bench.environment import environment  # noqa: E402
 from overlap_runtime import gemm  # noqa: E402
 from overlap_runtime.shape import ModelShape, Slot, gemm_dims  # noqa: E402
 
@@ -93,49 +93,6 @@ def sm_counts(total: int) -> list[int]:
     """The held-back SM counts measured on 8192^3 (h200_anchors.md measured 124/116/100/66 of 132)."""
     wanted = [total - 8, total - 16, total - 32, 100, 66]
     return sorted({c for c in wanted if 1 <= c < total}, reverse=True)
-
-
-def environment() -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "triton": triton.__version__,
-        "cuda_available": torch.cuda.is_available(),
-    }
-    if not torch.cuda.is_available():
-        return env
-    props = torch.cuda.get_device_properties(0)
-    env |= {
-        "gpu": torch.cuda.get_device_name(0),
-        "sm_count": props.multi_processor_count,
-        "l2_bytes": getattr(props, "L2_cache_size", None),
-        "nccl": _guarded(lambda: ".".join(map(str, _as_tuple(torch.cuda.nccl.version())))),
-        "driver": _guarded(_driver_version),
-    }
-    return env
-
-
-def _as_tuple(v: Any) -> tuple[Any, ...]:
-    return tuple(v) if isinstance(v, tuple | list) else (v,)
-
-
-def _driver_version() -> str:
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        v = pynvml.nvmlSystemGetDriverVersion()
-        return v.decode() if isinstance(v, bytes) else str(v)
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _guarded(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception as e:  # environment facts are best effort
-        return f"unavailable: {type(e).__name__}: {e}"
 
 
 # ---------------------------------------------------------------------------------------------- timing
