@@ -161,3 +161,28 @@ print("cuda ring checks ok")
 def test_compiled_ring_kernels_on_cuda_match_with_and_without_a_split_tail() -> None:
     """The compiled (non-interpreted) kernels, in a fresh process without TRITON_INTERPRET."""
     run_compiled(_CUDA_CHECKS)
+
+
+def test_ring_bench_dry_run_lists_every_coupled_slot(tmp_path: object) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = Path(str(tmp_path)) / "dry.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/ring_bench.py", "--dry-run", "--out", str(out)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    cases = json.loads(out.read_text())["cases"]
+    assert len(cases) == 5 * 6  # five anchor shapes x (four all-gather + two reduce-scatter slots)
+    by_slot = {(c["shape"], c["slot"]): c for c in cases}
+    assert by_slot["h5120_s2048", "proj_fprop"] == {
+        "shape": "h5120_s2048", "slot": "proj_fprop", "m": 2048, "n": 5120, "k": 2560, "collective": "reduce_scatter"
+    }  # fmt: skip
+    assert by_slot["h4096_s4096", "qkv_fprop"]["collective"] == "all_gather"

@@ -1,0 +1,195 @@
+"""Benchmark the fused ring kernels (`overlap_runtime.ring_gemm`) on one GPU, with no communication.
+
+Run from the repository root (the script puts the root on ``sys.path`` itself):
+
+    python bench/ring_bench.py --out bench/results/ring_h200.json    # CUDA, about a minute on one H200
+    python bench/ring_bench.py --dry-run [--out X.json]              # no CUDA: list the slots
+
+What it measures: for every slot of the anchor shapes (``overlap_bench.ANCHORS``, TP=2, mbs 1) whose
+collective is coupled to its GEMM (all-gather of a, reduce-scatter of out), rank 0's launch of the fused
+kernel with every peer's chunk or partial already in place (flags preset, so no program ever waits),
+beside torch.mm (cuBLAS) and `gemm.matmul` of the same whole GEMM [T, K] x [K, N].
+
+    fused / matmul   what the ring order, the flags and the staged partials cost inside the kernel
+    fused / cuBLAS   what a fused ring can reach at best, all communication hidden
+The overlap benchmark's fused-ring time minus this one is what the communication itself costs beside the
+kernel (copy-engine traffic, the ranks' skew).  Timing as in `gemm_bench` (interleaved variants, each call
+behind a GPU sleep, rotating inputs); every variant is checked against float32 cuBLAS.
+
+Exit status: 0 all correct, 1 a variant failed or was wrong (the JSON is written either way), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from bench.environment import environment  # noqa: E402
+from bench.gemm_bench import REL_ERR_LIMIT, Operands, Variant, rel_err, time_interleaved, write_json  # noqa: E402
+from bench.overlap_bench import ANCHORS  # noqa: E402
+from overlap_runtime import gemm, ring_gemm  # noqa: E402
+from overlap_runtime.shape import Collective, ModelShape, Slot, slot_gemm  # noqa: E402
+
+DEFAULT_OUT = REPO / "bench" / "results" / "ring_h200.json"
+TP = 2
+RANK = 0
+EPOCH = 1
+L2_FALLBACK_BYTES = 50 * 2**20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RingCase:
+    """One fused slot: the whole GEMM [m, k] x [k, n] and the collective that the kernel fuses."""
+
+    shape: str
+    slot: str
+    m: int
+    n: int
+    k: int
+    collective: str
+
+
+def ring_cases() -> list[RingCase]:
+    cases = []
+    for name, dims in ANCHORS.items():
+        shape = ModelShape(tp=TP, mbs=1, **dims)
+        for slot in Slot:
+            g = slot_gemm(shape, slot)
+            if g.coupled:
+                cases.append(RingCase(shape=name, slot=slot.value, m=g.m, n=g.n, k=g.k, collective=g.collective.value))
+    return cases
+
+
+def fused_variant(case: RingCase, device: torch.device) -> tuple[Variant, dict[str, Any]]:
+    """Rank 0's fused launch over a [m, k] @ b [k, n] with every flag preset, and what it was planned with.
+
+    All-gather: the local shard is a's first chunk and the ring buffer is a itself (chunk 0 is never read
+    from it).  Reduce-scatter: out's first chunk gets our partial plus the peer's, which is zero here.
+    """
+    rows = case.m // TP
+    if case.collective == Collective.ALL_GATHER:
+        ready = torch.full((TP,), EPOCH, dtype=torch.int32, device=device)
+        config = gemm.choose_config(case.m, case.n, case.k, torch.bfloat16, gemm.device_sm_count(device), chunks=TP)
+
+        def gather(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            return ring_gemm.gather_matmul(a[:rows], a, b, out, ready=ready, epoch=EPOCH, rank=RANK, config=config)
+
+        return gather, {"config": config.label()}
+    plan = ring_gemm.scatter_plan(rows, case.n, case.k, chunks=TP, dtype=torch.bfloat16, device=device, num_sms=None)
+    lanes = ring_gemm.max_segments(rows)
+    parts = torch.empty((TP - 1, rows, case.n), dtype=torch.bfloat16, device=device)
+    recv = torch.zeros((TP, rows, case.n), dtype=torch.bfloat16, device=device)
+    counts = torch.zeros(((TP - 1) * len(plan.segments),), dtype=torch.int32, device=device)
+    ready = torch.full((TP * lanes,), EPOCH, dtype=torch.int32, device=device)
+
+    def scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        ring_gemm.scatter_matmul(a, b, out[:rows], parts=parts, counts=counts, recv=recv, ready=ready, epoch=EPOCH,
+                                 rank=RANK, plan=plan)  # fmt: skip
+        return out[:rows]
+
+    return scatter, {"config": plan.config.label(), "segments": len(plan.segments)}
+
+
+def measure(case: RingCase, *, warmup: int, repeats: int, l2_bytes: int) -> dict[str, Any]:
+    device = torch.device("cuda")
+    ops = Operands(case.m, case.n, case.k, l2_bytes, seed=0)
+    fused, planned = fused_variant(case, device)
+    variants: dict[str, Variant] = {
+        "cublas": lambda a, b, out: torch.mm(a, b, out=out),
+        "matmul": lambda a, b, out: gemm.matmul(a, b, out),
+        "fused": fused,
+    }
+    a, b, out = ops.sets[0]
+    ref = torch.mm(a.float(), b.float())
+    errors = {}
+    for name, fn in variants.items():
+        out.fill_(float("nan"))
+        written = fn(a, b, out)
+        errors[name] = rel_err(written, ref[: written.shape[0]])
+    row: dict[str, Any] = dataclasses.asdict(case) | planned
+    row["rel_err"] = {name: (e if math.isfinite(e) else None) for name, e in errors.items()}
+    row["correct"] = all(e <= REL_ERR_LIMIT for e in errors.values())
+    row["times"] = time_interleaved(ops, variants, warmup=warmup, repeats=repeats)
+    ms = {name: t["ms"] for name, t in row["times"].items()}
+    row["fused_vs_matmul"] = ms["fused"] / ms["matmul"]
+    row["fused_vs_cublas"] = ms["fused"] / ms["cublas"]
+    del ops
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help=f"JSON results path (default {DEFAULT_OUT})")
+    parser.add_argument("--dry-run", action="store_true", help="list the fused slots, no CUDA needed")
+    parser.add_argument("--repeats", type=int, default=30, help="timed calls per variant (>= 20; default 30)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed calls per variant first (default 5)")
+    args = parser.parse_args(argv)
+    if args.repeats < 20:
+        parser.error(f"--repeats: must be >= 20 (got {args.repeats})")
+    if args.warmup < 1:
+        parser.error(f"--warmup: must be >= 1 (got {args.warmup})")
+    cases = ring_cases()
+    payload: dict[str, Any] = {
+        "environment": environment(),
+        "method": {
+            "dtype": "bf16",
+            "tp": TP,
+            "rank": RANK,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "stat": "median (p20/p80 beside)",
+            "rel_err_limit": REL_ERR_LIMIT,
+        },
+    }
+    if args.dry_run:
+        for c in cases:
+            print(f"{c.shape:13} {c.slot:11} {c.collective:14} {c.m:>6} {c.n:>6} {c.k:>6}")
+        if args.out is not None:
+            write_json(args.out, payload | {"dry_run": True, "cases": [dataclasses.asdict(c) for c in cases]})
+        return 0
+    if not torch.cuda.is_available():
+        print("error: cuda: a CUDA device is required (got none); use --dry-run", file=sys.stderr)
+        return 2
+    l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or L2_FALLBACK_BYTES
+    print(f"{'shape':13} {'slot':11} {'cuBLAS':>7} {'matmul':>7} {'fused':>7} {'f/mm':>6} {'f/cuBLAS':>8}  config")
+    started = time.perf_counter()
+    rows = []
+    for case in cases:
+        row = measure(case, warmup=args.warmup, repeats=args.repeats, l2_bytes=l2_bytes)
+        rows.append(row)
+        ms = {name: t["ms"] for name, t in row["times"].items()}
+        print(
+            f"{case.shape:13} {case.slot:11} {ms['cublas']:7.4f} {ms['matmul']:7.4f} {ms['fused']:7.4f} "
+            f"{row['fused_vs_matmul']:6.3f} {row['fused_vs_cublas']:8.3f}  {row['config']}"
+            + ("" if row["correct"] else f"  WRONG {row['rel_err']}"),
+            flush=True,
+        )
+    payload |= {
+        "rows": rows,
+        "summary": {
+            "fused_vs_matmul_median": statistics.median(r["fused_vs_matmul"] for r in rows),
+            "fused_vs_cublas_median": statistics.median(r["fused_vs_cublas"] for r in rows),
+            "wrong": [f"{r['shape']}/{r['slot']}" for r in rows if not r["correct"]],
+        },
+        "wall_s": time.perf_counter() - started,
+    }
+    write_json(args.out if args.out is not None else DEFAULT_OUT, payload)
+    print(payload["summary"])
+    return 1 if payload["summary"]["wrong"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
