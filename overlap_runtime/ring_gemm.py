@@ -102,6 +102,8 @@ def _gather_matmul_kernel(
     whole_tiles = CHUNKS * chunk_tiles - tail_tiles
     steps = (K + BLOCK_K - 1) // BLOCK_K
     arrived = 0  # the last ring step whose chunk this program saw arrive (step 0: the local shard)
+    # Not flattened like `gemm.matmul`'s loop: the next tile's first loads would start under this tile's last
+    # MMAs, ahead of the flag wait that must precede them when the next tile is a new chunk's.
     for tile in tl.range(pid, whole_tiles, NUM_SMS):
         acc, src, pid_m, pid_n, arrived = _gathered_tile(
             a, ring, b, ready_ptr, tile, 0, steps, arrived, chunk_tiles, num_pid_m, num_pid_n, R, N, K, stride_am,
@@ -265,6 +267,9 @@ def _scatter_matmul_kernel(
     whole_tiles = CHUNKS * chunk_tiles - tail_tiles
     steps = (K + BLOCK_K - 1) // BLOCK_K
     arrived = -1  # the last segment of our chunk whose received partials this program saw arrive
+    # Not flattened like `gemm.matmul`'s loop, though its loads read only our own inputs: Triton 3.6 cannot
+    # flatten a loop whose body branches at run time, and a branch-free version (a loop per epilogue, the
+    # wait in PTX) compiled but ran 2.7-4.5x slower on an H200 (`bench/ring_bench.py`, 2026-11-30).
     for tile in tl.range(pid, whole_tiles, NUM_SMS):
         acc, step, pid_m, pid_n = _owner_tile(
             a, b, tile, 0, steps, chunk_tiles, num_pid_m, num_pid_n, R, N, K, stride_am, stride_ak, stride_bk,
