@@ -98,6 +98,11 @@ def sm_counts(total: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------- timing
 
 
+def l2_bytes() -> int:
+    """GPU 0's L2 cache size, which the rotating inputs must exceed."""
+    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or L2_FALLBACK_BYTES
+
+
 class Operands:
     """Rotating (a, b, out) sets on the GPU, enough of them that their inputs exceed 2x the L2 cache."""
 
@@ -179,7 +184,7 @@ class Bench:
         self.repeats = repeats
         props = torch.cuda.get_device_properties(0)
         self.sm_count: int = props.multi_processor_count
-        self.l2_bytes: int = getattr(props, "L2_cache_size", 0) or L2_FALLBACK_BYTES
+        self.l2_bytes = l2_bytes()
         self.failures: list[str] = []
 
     def measure(self, shape: GemmShape, variants: dict[str, Variant], seed: int = 0) -> dict[str, dict]:
@@ -326,10 +331,12 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help=f"JSON results path (default {DEFAULT_OUT})")
-    parser.add_argument("--dry-run", action="store_true", help="list shapes and environment, no CUDA needed")
+def parse_args(argv: list[str] | None, *, doc: str, default_out: Path, dry_run: str) -> argparse.Namespace:
+    """The command line of a one-GPU timing benchmark (this one, `ring_bench`): --out, --dry-run (``dry_run``
+    says what it lists), --repeats and --warmup; bad values exit with code 2 and the rule."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help=f"JSON results path (default {default_out})")
+    parser.add_argument("--dry-run", action="store_true", help=f"{dry_run}, no CUDA needed")
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per variant (>= 20; default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per variant first (default 5)")
     args = parser.parse_args(argv)
@@ -337,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats: must be >= 20 (got {args.repeats})")
     if args.warmup < 1:
         parser.error(f"--warmup: must be >= 1 (got {args.warmup})")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, doc=__doc__, default_out=DEFAULT_OUT, dry_run="list shapes and environment")
     shapes = layer_shapes()
     payload: dict[str, Any] = {
         "env": environment(),

@@ -21,7 +21,6 @@ Exit status: 0 all correct, 1 a variant failed or was wrong (the JSON is written
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import statistics
@@ -37,7 +36,16 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from bench.environment import environment  # noqa: E402
-from bench.gemm_bench import REL_ERR_LIMIT, Operands, Variant, rel_err, time_interleaved, write_json  # noqa: E402
+from bench.gemm_bench import (  # noqa: E402
+    REL_ERR_LIMIT,
+    Operands,
+    Variant,
+    l2_bytes,
+    parse_args,
+    rel_err,
+    time_interleaved,
+    write_json,
+)
 from bench.overlap_bench import ANCHORS  # noqa: E402
 from overlap_runtime import gemm, ring_gemm  # noqa: E402
 from overlap_runtime.shape import Collective, ModelShape, Slot, slot_gemm  # noqa: E402
@@ -46,7 +54,6 @@ DEFAULT_OUT = REPO / "bench" / "results" / "ring_h200.json"
 TP = 2
 RANK = 0
 EPOCH = 1
-L2_FALLBACK_BYTES = 50 * 2**20
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,16 +138,7 @@ def measure(case: RingCase, *, warmup: int, repeats: int, l2_bytes: int) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help=f"JSON results path (default {DEFAULT_OUT})")
-    parser.add_argument("--dry-run", action="store_true", help="list the fused slots, no CUDA needed")
-    parser.add_argument("--repeats", type=int, default=30, help="timed calls per variant (>= 20; default 30)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed calls per variant first (default 5)")
-    args = parser.parse_args(argv)
-    if args.repeats < 20:
-        parser.error(f"--repeats: must be >= 20 (got {args.repeats})")
-    if args.warmup < 1:
-        parser.error(f"--warmup: must be >= 1 (got {args.warmup})")
+    args = parse_args(argv, doc=__doc__, default_out=DEFAULT_OUT, dry_run="list the fused slots")
     cases = ring_cases()
     payload: dict[str, Any] = {
         "environment": environment(),
@@ -163,12 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: cuda: a CUDA device is required (got none); use --dry-run", file=sys.stderr)
         return 2
-    l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or L2_FALLBACK_BYTES
+    l2 = l2_bytes()
     print(f"{'shape':13} {'slot':11} {'cuBLAS':>7} {'matmul':>7} {'fused':>7} {'f/mm':>6} {'f/cuBLAS':>8}  config")
     started = time.perf_counter()
     rows = []
     for case in cases:
-        row = measure(case, warmup=args.warmup, repeats=args.repeats, l2_bytes=l2_bytes)
+        row = measure(case, warmup=args.warmup, repeats=args.repeats, l2_bytes=l2)
         rows.append(row)
         ms = {name: t["ms"] for name, t in row["times"].items()}
         print(

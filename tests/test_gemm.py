@@ -6,10 +6,11 @@ Sizes stay small: the interpreter runs every program in numpy.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
-from compiled import run_compiled
+from compiled import dry_run, run_compiled
 from triton_interpreter import interpreted
 
 from overlap_runtime.errors import ConfigError, InputError
@@ -333,23 +334,8 @@ def test_compiled_kernel_on_cuda_matches_on_odd_shapes_views_and_configs() -> No
     run_compiled(_CUDA_CHECKS)
 
 
-def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: object) -> None:
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    out = Path(str(tmp_path)) / "dry.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/gemm_bench.py", "--dry-run", "--out", str(out)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(out.read_text())
+def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: Path) -> None:
+    data = dry_run("bench/gemm_bench.py", tmp_path / "dry.json")
     dims = [(s["m"], s["n"], s["k"]) for s in data["shapes"]]
     assert dims[0] == (8192, 8192, 8192) and len(dims) == len(set(dims))
     assert (4096, 6144, 4096) in dims  # h4096 s4096 qkv_fprop at TP=2

@@ -3,9 +3,11 @@ with the peers' side of the exchange (their pushes, flags and counts) prepared b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from compiled import run_compiled
+from compiled import dry_run, run_compiled
 from ring_cases import REL_TOL, rel_err, run_gather, run_scatter
 from triton_interpreter import interpreted
 
@@ -163,23 +165,8 @@ def test_compiled_ring_kernels_on_cuda_match_with_and_without_a_split_tail() -> 
     run_compiled(_CUDA_CHECKS)
 
 
-def test_ring_bench_dry_run_lists_every_coupled_slot(tmp_path: object) -> None:
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    out = Path(str(tmp_path)) / "dry.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/ring_bench.py", "--dry-run", "--out", str(out)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    cases = json.loads(out.read_text())["cases"]
+def test_ring_bench_dry_run_lists_every_coupled_slot(tmp_path: Path) -> None:
+    cases = dry_run("bench/ring_bench.py", tmp_path / "dry.json")["cases"]
     assert len(cases) == 5 * 6  # five anchor shapes x (four all-gather + two reduce-scatter slots)
     by_slot = {(c["shape"], c["slot"]): c for c in cases}
     assert by_slot["h5120_s2048", "proj_fprop"] == {
