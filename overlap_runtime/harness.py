@@ -227,10 +227,6 @@ def _baselines(
     cache = ctx.state.setdefault("baselines", {})
     key = (c.ops.gemm, seed)
     if key not in cache:
-        # gemm_only of an all-gather slot reads the gathered input that a serial run fills.  The numerics check
-        # ran one already; this keeps the baseline right on its own: an unfilled buffer times zeros, which an
-        # H200 multiplies 12-15% faster than random data (less power, higher clocks).
-        serial(dev, c.ops)
         cache[key] = tuple(
             statistics.median(
                 time_region(dev, c.ops, c.sets, lambda fn=fn: fn(dev, c.ops), repeats=repeats, warmup=warmup)
