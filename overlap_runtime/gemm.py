@@ -199,37 +199,6 @@ def tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def tile_product(
-    a,
-    b,
-    off_m,
-    off_n,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """The fp32 tile ``a[off_m:off_m+BLOCK_M, :] @ b[:, off_n:off_n+BLOCK_N]``.  With TMA, ``a`` and ``b`` are
-    tensor descriptors (the copy hardware zero-fills past the edges); else pointers with strides and masks."""
-    return partial_product(
-        a, b, off_m, off_n, 0, (K + BLOCK_K - 1) // BLOCK_K, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-        BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-    )  # fmt: skip
-
-
-@triton.jit
 def partial_product(
     a,
     b,
@@ -254,7 +223,10 @@ def partial_product(
     EVEN_K: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """`tile_product` over the K steps ``k_lo <= ki < k_hi`` only (one part of a `split_tail` tile)."""
+    """The fp32 tile ``a[off_m:off_m+BLOCK_M, ks] @ b[ks, off_n:off_n+BLOCK_N]`` over the K steps ``ks`` =
+    ``k_lo <= ki < k_hi`` of BLOCK_K each: all of them for a whole tile, a range for one part of a
+    `split_tail` tile.  With TMA, ``a`` and ``b`` are tensor descriptors (the copy hardware zero-fills past
+    the edges); else pointers with strides and masks."""
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
     if TMA:
         for ki in range(k_lo, k_hi):
@@ -360,12 +332,13 @@ def _persistent_matmul_kernel(
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     whole_tiles = num_pid_m * num_pid_n - tail_tiles
+    steps = (K + BLOCK_K - 1) // BLOCK_K
     # flatten: the K loops of consecutive tiles form one software pipeline (loads of the next tile start
     # under the last MMAs of this one); measured with TMA only.
     for tile in tl.range(pid, whole_tiles, NUM_SMS, flatten=TMA):
         pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tile_product(
-            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+        acc = partial_product(
+            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, steps, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
         )  # fmt: skip
         store_tile(
