@@ -88,7 +88,8 @@ def fused_variant(case: RingCase, device: torch.device) -> tuple[Variant, dict[s
     rows = case.m // TP
     if case.collective == Collective.ALL_GATHER:
         ready = torch.full((TP,), EPOCH, dtype=torch.int32, device=device)
-        config = gemm.choose_config(case.m, case.n, case.k, torch.bfloat16, gemm.device_sm_count(device), chunks=TP)
+        config = ring_gemm.ring_config(rows, case.n, case.k, chunks=TP, dtype=torch.bfloat16,
+                                       num_sms=gemm.device_sm_count(device))  # fmt: skip
 
         def gather(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
             return ring_gemm.gather_matmul(a[:rows], a, b, out, ready=ready, epoch=EPOCH, rank=RANK, config=config)

@@ -60,6 +60,24 @@ def _wait_at_least(flag_ptr, target):
 
 
 @triton.jit
+def _ring_tile(tile, chunk_tiles, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(step, pid_m, pid_n) of ``tile``, numbered over all chunks in ring order: its ring step and its
+    position in that step's chunk."""
+    pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
+    return tile // chunk_tiles, pid_m, pid_n
+
+
+@triton.jit
+def _chunk_rows(t, chunk, row, R, stride_m, TMA: tl.constexpr):
+    """(base, row) that address row ``row`` of chunk ``chunk`` (chunks of R rows) of ``t``: a descriptor
+    indexes the whole tensor (chunk rows are whole tiles, the host checks), a pointer moves to the chunk."""
+    if TMA:
+        return t, chunk * R + row
+    else:
+        return t + chunk * R * stride_m, row
+
+
+@triton.jit
 def _gather_matmul_kernel(
     a,
     ring,
@@ -169,20 +187,15 @@ def _gathered_tile(
     """K steps [k_lo, k_hi) of ``tile`` (numbered over all chunks in ring order: the local shard's tiles
     first, read from ``a``, then chunk src = rank - step's, read from ``ring`` once it arrived).  Returns
     (acc, src, pid_m, pid_n, arrived): ``arrived`` is the last ring step this program has waited for."""
-    step = tile // chunk_tiles
+    step, pid_m, pid_n = _ring_tile(tile, chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
     src = (rank + CHUNKS - step) % CHUNKS
     if step > arrived:  # tiles only move forward, so one wait per chunk and program
         _wait_at_least(ready_ptr + src, epoch)
         arrived = step
-    pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
     rows = a
     row0 = pid_m * BLOCK_M
     if step > 0:
-        if TMA:  # chunk rows are whole tiles (the host checks), so a descriptor over the ring serves
-            rows = ring
-            row0 = src * R + pid_m * BLOCK_M
-        else:
-            rows = ring + src * R * stride_am
+        rows, row0 = _chunk_rows(ring, src, row0, R, stride_am, TMA)
     # One K loop for every chunk: two would each hold their own pipeline stages in shared memory.
     acc = gemm.partial_product(
         rows, b, row0, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
@@ -209,15 +222,8 @@ def _store_gathered(
     TMA: tl.constexpr,
 ):
     """Store a tile of chunk ``src`` into its rows of ``out``."""
-    if TMA:
-        gemm.store_tile(
-            c, src * R + off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA
-        )
-    else:
-        gemm.store_tile(
-            c + src * R * stride_cm, off_m, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M,
-            EVEN_N, TMA,
-        )  # fmt: skip
+    rows, row0 = _chunk_rows(c, src, off_m, R, stride_cm, TMA)
+    gemm.store_tile(rows, row0, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA)
 
 
 @triton.jit
@@ -271,10 +277,10 @@ def _scatter_matmul_kernel(
     # flatten a loop whose body branches at run time, and a branch-free version (a loop per epilogue, the
     # wait in PTX) compiled but ran 2.7-4.5x slower on an H200 (`bench/ring_bench.py`, 2026-11-30).
     for tile in tl.range(pid, whole_tiles, NUM_SMS):
-        acc, step, pid_m, pid_n = _owner_tile(
-            a, b, tile, 0, steps, chunk_tiles, num_pid_m, num_pid_n, R, N, K, stride_am, stride_ak, stride_bk,
-            stride_bn, rank, CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K,
-            TMA,
+        step, pid_m, pid_n = _ring_tile(tile, chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
+        acc = _owner_tile(
+            a, b, step, pid_m, pid_n, 0, steps, R, N, K, stride_am, stride_ak, stride_bk, stride_bn, rank, CHUNKS,
+            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
         )  # fmt: skip
         arrived = _finish_scattered(
             c, parts_ptr, counts_ptr, recv_ptr, ready_ptr, acc, step, pid_m, pid_n, arrived, R, N, stride_cm,
@@ -285,10 +291,10 @@ def _scatter_matmul_kernel(
     if SPLIT_TAIL:  # noqa: SIM102
         if pid < tail_tiles * splits:
             t, k_lo, k_hi = gemm.tail_part(pid, tail_tiles, splits, K, BLOCK_K)
-            acc, step, pid_m, pid_n = _owner_tile(
-                a, b, whole_tiles + t, k_lo, k_hi, chunk_tiles, num_pid_m, num_pid_n, R, N, K, stride_am, stride_ak,
-                stride_bk, stride_bn, rank, CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FP32_IEEE, UPCAST, EVEN_M,
-                EVEN_N, EVEN_K, TMA,
+            step, pid_m, pid_n = _ring_tile(whole_tiles + t, chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
+            acc = _owner_tile(
+                a, b, step, pid_m, pid_n, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn, rank,
+                CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
             )  # fmt: skip
             last, total = gemm.add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
             if last:
@@ -303,12 +309,11 @@ def _scatter_matmul_kernel(
 def _owner_tile(
     a,
     b,
-    tile,
+    step,
+    pid_m,
+    pid_n,
     k_lo,
     k_hi,
-    chunk_tiles,
-    num_pid_m,
-    num_pid_n,
     R,
     N,
     K,
@@ -321,7 +326,6 @@ def _owner_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
     FP32_IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     EVEN_M: tl.constexpr,
@@ -329,22 +333,13 @@ def _owner_tile(
     EVEN_K: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """K steps [k_lo, k_hi) of ``tile`` (numbered over all chunks in ring order: the other owners' chunks
-    first, ours last), read from the rows of ``a`` its owner keeps.  Returns (acc, step, pid_m, pid_n)."""
-    step = tile // chunk_tiles
-    owner = (rank + 1 + step) % CHUNKS
-    pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
-    if TMA:
-        acc = gemm.partial_product(
-            a, b, owner * R + pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk,
-            stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
-    else:
-        acc = gemm.partial_product(
-            a + owner * R * stride_am, b, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am,
-            stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
-    return acc, step, pid_m, pid_n
+    """K steps [k_lo, k_hi) of tile (pid_m, pid_n) of ring step ``step`` (the other owners' chunks first, ours
+    last), read from the rows of ``a`` its owner keeps."""
+    rows, row0 = _chunk_rows(a, (rank + 1 + step) % CHUNKS, pid_m * BLOCK_M, R, stride_am, TMA)
+    return gemm.partial_product(
+        rows, b, row0, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M,
+        BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -493,6 +488,12 @@ class ScatterPlan:
     segments: tuple[Segment, ...]
 
 
+def ring_config(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, num_sms: int) -> gemm.GemmTileConfig:
+    """The tile config of a ring kernel over ``chunks`` chunks of ``rows`` x ``n`` (depth ``k``) on ``num_sms``
+    programs when the caller gives none: `gemm.choose_config` of the whole problem, told its chunks."""
+    return gemm.choose_config(chunks * rows, n, k, dtype, num_sms, chunks=chunks)
+
+
 def max_segments(rows: int) -> int:
     """An upper bound of `scatter_plan`'s default segments for any tile config (flag lanes are sized by it)."""
     smallest = min(cfg.block_m * cfg.group_m for cfg in (gemm.LARGE, gemm.MEDIUM, gemm.SMALL))
@@ -516,7 +517,7 @@ def scatter_plan(
     ``col_groups`` column groups (None: segments of about `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and at
     least `PUSH_FLOPS` of the launch's work each)."""
     sms = gemm.resolve_num_sms(device, num_sms)
-    cfg = config or gemm.choose_config(chunks * rows, n, k, dtype, sms, chunks=chunks)
+    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=dtype, num_sms=sms)
     tiles_n = triton.cdiv(n, cfg.block_n)
     span = cfg.block_m * cfg.group_m
     row_groups = triton.cdiv(rows, span)
@@ -605,7 +606,7 @@ def _launch(
         raise InputError("rank", f"must be between 0 and {chunks - 1}", rank)
     gemm.check_launchable(a)
     sms = gemm.resolve_num_sms(a.device, num_sms)
-    cfg = config or gemm.choose_config(chunks * rows, n, k, a.dtype, sms, chunks=chunks)
+    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=a.dtype, num_sms=sms)
     tiles = chunks * triton.cdiv(rows, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     tail = gemm.TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
     gemm.launch(kernel, tail.grid(tiles, sms), tiled, a=a, b=b, out=out, cfg=cfg, sms=sms,
