@@ -93,6 +93,10 @@ class Operands:
     def chunk(self, c: int, size: int = 1) -> slice:
         return slice(c * self.rows, (c + size) * self.rows)
 
+    def gathered(self) -> torch.Tensor:
+        """The all-gathered input [tokens, k] of an all-gather slot: scratch that the collective fills."""
+        return self.buffer("gathered", (self.gemm.tokens, self.gemm.k))
+
     def buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """Scratch kept across calls; methods that share a name with another shape get their own."""
         key = (name, shape)
@@ -168,7 +172,7 @@ def serial(dev: Device, ops: Operands) -> None:
         _independent_collective(dev, ops, CommOptions()).wait()
         dev.library_gemm(ops.a, ops.b, ops.out)
     elif g.collective == Collective.ALL_GATHER:
-        gathered = ops.buffer("gathered", (g.tokens, g.k))
+        gathered = ops.gathered()
         dev.all_gather(gathered, ops.a).wait()
         dev.library_gemm(gathered, ops.b, ops.out)
     else:
@@ -181,7 +185,7 @@ def gemm_only(dev: Device, ops: Operands) -> None:
     """The full GEMM alone, all SMs, library GEMM: what `gemm_ms` times."""
     g = ops.gemm
     if g.coupled and g.collective == Collective.ALL_GATHER:
-        dev.library_gemm(ops.buffer("gathered", (g.tokens, g.k)), ops.b, ops.out)
+        dev.library_gemm(ops.gathered(), ops.b, ops.out)
     elif g.coupled:
         dev.library_gemm(ops.a, ops.b, ops.buffer("partial", (g.tokens, g.n)))
     else:
@@ -194,7 +198,7 @@ def comm_only(dev: Device, ops: Operands) -> None:
     if not g.coupled:
         _independent_collective(dev, ops, CommOptions()).wait()
     elif g.collective == Collective.ALL_GATHER:
-        dev.all_gather(ops.buffer("gathered", (g.tokens, g.k)), ops.a).wait()
+        dev.all_gather(ops.gathered(), ops.a).wait()
     else:
         dev.reduce_scatter(ops.out, ops.buffer("partial", (g.tokens, g.n))).wait()
 
@@ -279,9 +283,9 @@ def _ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
     Transfers are issued from the comm stream, so forwarding a chunk waits for its arrival, never for a GEMM.
     With ``aggregate`` the partner ranks (r, r^1) first swap chunks, then pairs travel two ranks per step.
     """
-    g, p, r = ops.gemm, dev.tp, dev.rank
+    p, r = dev.tp, dev.rank
     gemm = _gemm(dev, plan)
-    gathered = ops.buffer("gathered", (g.tokens, g.k))
+    gathered = ops.gathered()
     gathered[ops.chunk(r)].copy_(ops.a)
     comm = dev.stream("comm", 0, plan.comm_priority)
     lanes = Lanes(dev, plan.streams, plan.gemm_priority)
