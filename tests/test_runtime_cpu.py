@@ -262,3 +262,19 @@ def test_numerical_check_catches_unwritten_and_unreduced_outputs(runtime: Runtim
     assert right < 1e-6
     assert unwritten == float("inf")
     assert unreduced > 0.1
+
+
+def _gathered_input_before_any_collective(ctx) -> tuple[float, float]:
+    """(std * sqrt(k), share of zeros) of an all-gather slot's gathered input right after its operands are
+    made: what `gemm_only` would multiply if it ran before any collective filled it."""
+    from overlap_runtime.harness import device_of, make_operands
+
+    ops, _ = make_operands(device_of(ctx), problem(shape_for(ctx.tp), Slot.QKV_FPROP, "none"), seed=1)
+    gathered = ops.gathered()
+    return float(gathered.std() * gathered.shape[1] ** 0.5), float((gathered == 0).double().mean())
+
+
+def test_the_gemm_baseline_never_multiplies_an_unfilled_gathered_input(runtime: Runtime) -> None:
+    for scaled_std, zeros in runtime.group.run(_gathered_input_before_any_collective):
+        assert 0.8 < scaled_std < 1.2  # random inputs scaled by 1/sqrt(k), as every other input
+        assert zeros == 0.0
