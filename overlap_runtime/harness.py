@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -110,14 +111,22 @@ def _use(ops: Operands, inputs: tuple[torch.Tensor, ...]) -> None:
 def time_region(
     dev: Device, ops: Operands, sets: list, fn: Callable[[], None], *, repeats: int, warmup: int
 ) -> list[float]:
-    """Per-repeat times of ``fn`` in ms, each the slowest rank's, ranks aligned before every repeat."""
+    """Per-repeat times of ``fn`` in ms, each the slowest rank's, ranks aligned before every repeat.
+
+    The warm-up calls also time the host: each repeat's alignment sleeps long enough for the slowest rank
+    to queue all of ``fn`` (`Device.align`), so on CUDA only the GPU's work is timed."""
+    host_ms = []
     for i in range(warmup):
         _use(ops, sets[i % len(sets)])
+        t0 = time.perf_counter()
         fn()
+        host_ms.append((time.perf_counter() - t0) * 1e3)
+    # The first call may compile kernels or create communicators: it says nothing about the next ones.
+    queue_ms = _slowest_rank(dev, max(host_ms[1:] or host_ms, default=0.0))
     timers = [Timer(dev) for _ in range(repeats)]
     for i, timer in enumerate(timers):
         _use(ops, sets[i % len(sets)])
-        dev.align()
+        dev.align(queue_ms)
         timer.start()
         fn()
         timer.stop()
@@ -138,7 +147,12 @@ def _rel_err(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor]) -> 
     num = sum(float((g.double() - w.double()).norm() ** 2) for g, w in zip(got, want, strict=True))
     den = sum(float(w.double().norm() ** 2) for w in want)
     err = math.sqrt(num / den) if den > 0 else math.sqrt(num)
-    worst = torch.tensor([err if math.isfinite(err) else math.inf], dtype=torch.float64, device=dev.device)
+    return _slowest_rank(dev, err if math.isfinite(err) else math.inf)
+
+
+def _slowest_rank(dev: Device, value: float) -> float:
+    """The largest of every rank's ``value``."""
+    worst = torch.tensor([value], dtype=torch.float64, device=dev.device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     return float(worst.item())
 
