@@ -4,7 +4,10 @@ One process per rank (NCCL on CUDA, gloo on CPU), spawned once; the parent sends
 task (a picklable module-level function and its arguments) over a pipe and collects one result per rank.
 A watchdog bounds every task: if any rank hangs past the timeout, dies, or raises, the whole group is
 killed and `TrialFailure` carries the reason; the next task starts a fresh group, so a bad config costs
-one start-up and never the caller.
+one start-up and never the caller.  Time a rank spends compiling kernels (`RankContext.compiling`; on CUDA
+every Triton compile reports itself) does not count against the timeout, only against `COMPILE_LIMIT_S`:
+the ring kernels' first launch with new constants compiled for 51 s on a fresh H200 host, and a 20 s
+trial timeout took that for a hang.
 """
 
 from __future__ import annotations
@@ -16,12 +19,17 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from overlap_runtime.errors import TrialFailure
+
+COMPILE_LIMIT_S = 600.0
+"""The longest a rank may compile kernels within one task before the watchdog calls it hung."""
+COMPILING = "compiling"
+"""Message kind of a rank's compile notice (True: started, False: done); not a task reply."""
 
 _SAFE_ENV = {
     # Never NVLink multicast on the lent machines (and NVLS gains nothing at TP=2).
@@ -42,6 +50,30 @@ class RankContext:
     """torch.device of this rank."""
     state: dict[str, Any] = field(default_factory=dict)
     """Per-process cache that outlives tasks (measured baselines, communicators, compiled kernels)."""
+    conn: Connection | None = field(default=None, repr=False)
+    """The pipe to the parent: task replies and compile notices."""
+    compiles: int = 0
+    """Compiles reported so far."""
+
+    @contextlib.contextmanager
+    def compiling(self) -> Iterator[None]:
+        """Tell the watchdog that this rank compiles: the time inside does not count against the timeout."""
+        self.compile_started()
+        try:
+            yield
+        finally:
+            self.compile_finished()
+
+    def compile_started(self) -> None:
+        self.compiles += 1
+        self._notify(True)
+
+    def compile_finished(self) -> None:
+        self._notify(False)
+
+    def _notify(self, compiling: bool) -> None:
+        if self.conn is not None:
+            self.conn.send((COMPILING, compiling))
 
 
 Task = Callable[..., Any]
@@ -80,7 +112,9 @@ def _rank_main(rank: int, tp: int, backend: str, port: int, conn: Connection) ->
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
-    ctx = RankContext(rank=rank, tp=tp, backend=backend, device=device)
+    ctx = RankContext(rank=rank, tp=tp, backend=backend, device=device, conn=conn)
+    if backend == "cuda":
+        _report_triton_compiles(ctx)
     while True:
         try:
             message = conn.recv()
@@ -96,6 +130,20 @@ def _rank_main(rank: int, tp: int, backend: str, port: int, conn: Connection) ->
     dist.destroy_process_group()
 
 
+def _report_triton_compiles(ctx: RankContext) -> None:
+    """Wrap every Triton compile of this process in `RankContext.compiling`, through Triton's JIT hooks
+    (called before and after a kernel is compiled for new constants; a hook that returns True would skip the
+    compile)."""
+    from triton import knobs
+
+    def before(**_: Any) -> bool:
+        ctx.compile_started()
+        return False
+
+    knobs.runtime.jit_cache_hook = before
+    knobs.runtime.jit_post_compile_hook = lambda **_: ctx.compile_finished()
+
+
 def _picklable(e: BaseException) -> bool:
     import pickle
 
@@ -109,10 +157,13 @@ def _picklable(e: BaseException) -> bool:
 class TPGroup:
     """``tp`` rank processes on ``backend`` ("cuda": one GPU each; "cpu": gloo), restarted after a failure."""
 
-    def __init__(self, *, tp: int, backend: str, start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, *, tp: int, backend: str, start_timeout_s: float = 120.0, compile_limit_s: float = COMPILE_LIMIT_S
+    ) -> None:
         self.tp = tp
         self.backend = backend
         self.start_timeout_s = start_timeout_s
+        self.compile_limit_s = compile_limit_s
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: list[Connection] = []
         self.starts = 0
@@ -130,9 +181,9 @@ class TPGroup:
     def run(self, fn: Task, *args: Any, timeout_s: float = 300.0, **kwargs: Any) -> list[Any]:
         """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the per-rank results in rank order.
 
-        Raises `TrialFailure` (and leaves the group to be restarted) when a rank hangs past ``timeout_s``,
-        dies, or raises anything but an `InputError`, which is re-raised as is: bad input is not a failure
-        of the group.
+        Raises `TrialFailure` (and leaves the group to be restarted) when a rank hangs past ``timeout_s``
+        (not counting time that a rank spends compiling, up to ``compile_limit_s``), dies, or raises anything
+        but an `InputError`, which is re-raised as is: bad input is not a failure of the group.
         """
         if not self.alive:
             self._start()
@@ -150,22 +201,33 @@ class TPGroup:
         return [r for _, r in replies]
 
     def _collect(self, timeout_s: float, *, what: str) -> list[tuple[str, Any]]:
-        deadline = time.monotonic() + timeout_s
+        clock = _WatchdogClock(timeout_s, self.compile_limit_s)
         replies: dict[int, tuple[str, Any]] = {}
         pending = dict(enumerate(self._conns))
         while pending:
-            left = deadline - time.monotonic()
+            if clock.compile_overrun():
+                self.close()
+                raise TrialFailure(
+                    f"hung: ranks {sorted(clock.compiling)} compiled kernels for over {self.compile_limit_s:g} s "
+                    f"during {what}"
+                )
+            left = clock.left()
             if left <= 0:
                 self.close()
                 raise TrialFailure(f"hung: {what} did not finish within {timeout_s:g} s on ranks {sorted(pending)}")
             for conn in wait(list(pending.values()), timeout=min(left, 1.0)):
                 rank = next(r for r, c in pending.items() if c is conn)
                 try:
-                    replies[rank] = conn.recv()
+                    kind, body = conn.recv()
                 except (EOFError, OSError):
                     code = self._procs[rank].exitcode
                     self.close()
                     raise TrialFailure(f"crashed: rank {rank} died (exit code {code}) during {what}") from None
+                if kind == COMPILING:
+                    clock.compile(rank, body)
+                    continue
+                clock.compile(rank, False)
+                replies[rank] = (kind, body)
                 del pending[rank]
             dead = [r for r in pending if not self._procs[r].is_alive()]
             if dead:
@@ -205,3 +267,36 @@ class TPGroup:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
+
+
+class _WatchdogClock:
+    """A task's timeout that stands still while any rank compiles (see the module docstring)."""
+
+    def __init__(self, timeout_s: float, compile_limit_s: float) -> None:
+        self.deadline = time.monotonic() + timeout_s
+        self.compile_limit_s = compile_limit_s
+        self.compiling: set[int] = set()
+        self.paused_at: float | None = None
+        self.paused_s = 0.0
+
+    def compile(self, rank: int, started: bool) -> None:
+        if started:
+            self.compiling.add(rank)
+        else:
+            self.compiling.discard(rank)
+        now = time.monotonic()
+        if self.compiling and self.paused_at is None:
+            self.paused_at = now
+        elif not self.compiling and self.paused_at is not None:
+            self.deadline += now - self.paused_at
+            self.paused_s += now - self.paused_at
+            self.paused_at = None
+
+    def left(self) -> float:
+        """Seconds of timeout left; the whole timeout while a rank compiles."""
+        now = time.monotonic()
+        return self.deadline + (now - self.paused_at if self.paused_at is not None else 0.0) - now
+
+    def compile_overrun(self) -> bool:
+        paused = self.paused_s + (time.monotonic() - self.paused_at if self.paused_at is not None else 0.0)
+        return paused > self.compile_limit_s

@@ -11,6 +11,7 @@ import pytest
 
 from overlap_runtime.config import OverlapConfig, check_config, problem
 from overlap_runtime.errors import ConfigError, InputError, ShapeError, TrialFailure
+from overlap_runtime.group import TPGroup
 from overlap_runtime.runtime import Runtime
 from overlap_runtime.shape import EXTERNAL_SLOTS, ModelShape, Slot
 
@@ -193,6 +194,28 @@ def _deadlock(ctx) -> None:
 def _crash(ctx) -> None:
     if ctx.rank == 1:
         os._exit(3)
+
+
+def _compile_slowly(ctx, seconds: float) -> int:
+    """A first launch that compiles for ``seconds`` (rank 1 only), then a collective both ranks meet in."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        with ctx.compiling():
+            time.sleep(seconds)
+    dist.all_reduce(torch.zeros(1))
+    return ctx.compiles
+
+
+def test_compiling_does_not_count_against_the_timeout_but_against_the_compile_limit() -> None:
+    with TPGroup(tp=2, backend="cpu", compile_limit_s=6) as group:
+        assert group.run(_compile_slowly, 4, timeout_s=2) == [0, 1]  # 4 s of compiling under a 2 s timeout
+        assert group.starts == 1
+        with pytest.raises(TrialFailure, match=r"hung: ranks \[1\] compiled kernels for over 6 s"):
+            group.run(_compile_slowly, 30, timeout_s=2)
+        assert group.run(_compile_slowly, 0, timeout_s=10) == [0, 1]  # a fresh group after the failure
+        assert group.starts == 2
 
 
 def test_hung_config_is_killed_within_its_timeout_and_the_group_recovers() -> None:

@@ -1,4 +1,5 @@
-"""The measurement contract on CUDA: the runtime times the GPU's work, however long Python takes to queue it."""
+"""The runtime on CUDA: it times the GPU's work however long Python takes to queue it, and its watchdog does
+not take a kernel compile for a hang."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from overlap_runtime.group import TPGroup
 from overlap_runtime.shape import ModelShape, Slot, slot_gemm
@@ -36,10 +39,27 @@ def _time_a_slow_to_queue_op(ctx) -> list[float]:
 
 
 def test_the_timed_region_is_the_gpu_work_however_slow_the_host_queues_it() -> None:
-    group = TPGroup(tp=min(2, torch.cuda.device_count()), backend="cuda")
-    try:
+    with TPGroup(tp=min(2, torch.cuda.device_count()), backend="cuda") as group:
         samples = group.run(_time_a_slow_to_queue_op, timeout_s=120)[0]
-    finally:
-        group.close()
     # Six small GEMMs take tens of microseconds; a sleep shorter than the host's 6 ms would time most of it.
     assert statistics.median(samples) < 1.0, samples
+
+
+@triton.jit
+def _add_one(x, N: tl.constexpr):
+    offsets = tl.arange(0, N)
+    tl.store(x + offsets, tl.load(x + offsets) + 1)
+
+
+def _launch_a_new_kernel(ctx, n: int) -> tuple[int, float]:
+    x = torch.zeros(n, device=ctx.device)
+    before = ctx.compiles
+    _add_one[(1,)](x, N=n)
+    return ctx.compiles - before, x.sum().item()
+
+
+def test_every_triton_compile_in_a_rank_is_reported_to_the_watchdog() -> None:
+    tp = min(2, torch.cuda.device_count())
+    with TPGroup(tp=tp, backend="cuda") as group:
+        assert group.run(_launch_a_new_kernel, 128) == [(1, 128.0)] * tp
+        assert group.run(_launch_a_new_kernel, 128) == [(0, 128.0)] * tp  # compiled once per process
