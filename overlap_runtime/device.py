@@ -36,9 +36,14 @@ HOST_MARGIN = 1.5
 """`Device.align` sleeps this many times as long as the host is expected to take to queue the op."""
 
 
+MAX_ALIGN_SLEEPS = 50
+"""100 ms: a host slower than that to queue one op is not queueing (a compile, a stall), and must not turn
+every repeat into a long sleep."""
+
+
 def align_sleeps(host_ms: float) -> int:
-    """How many ALIGN_SLEEP_CYCLES sleeps cover ``host_ms`` of host work with a margin (at least one)."""
-    return max(1, math.ceil(HOST_MARGIN * host_ms / ALIGN_SLEEP_MS))
+    """How many ALIGN_SLEEP_CYCLES sleeps cover ``host_ms`` of host work with a margin (1 to MAX_ALIGN_SLEEPS)."""
+    return min(MAX_ALIGN_SLEEPS, max(1, math.ceil(HOST_MARGIN * host_ms / ALIGN_SLEEP_MS)))
 
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -190,7 +195,8 @@ class Device:
 
     def align(self, host_ms: float = 0.0) -> None:
         """Start all ranks together: a host barrier, then (CUDA) a device-side all-reduce behind a sleep of
-        at least ~2 ms that outlasts ``host_ms``, the slowest rank's time to queue the op that follows.
+        at least ~2 ms that outlasts ``host_ms``, this rank's time to queue the op that follows (the all-reduce
+        waits for every rank's sleep, so the longest one counts).
 
         The sleep lets the host queue the whole op before the GPU reaches it, so the timed region measures
         the GPU's work, not Python's launch latency (in training the host runs ahead of the GPU too).  An op

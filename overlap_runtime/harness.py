@@ -113,16 +113,18 @@ def time_region(
 ) -> list[float]:
     """Per-repeat times of ``fn`` in ms, each the slowest rank's, ranks aligned before every repeat.
 
-    The warm-up calls also time the host: each repeat's alignment sleeps long enough for the slowest rank
-    to queue all of ``fn`` (`Device.align`), so on CUDA only the GPU's work is timed."""
+    The warm-up calls also time the host: each repeat's alignment sleeps long enough for this rank to queue
+    all of ``fn`` (`Device.align`; its closing all-reduce holds every rank until the longest sleep is over),
+    so on CUDA only the GPU's work is timed."""
     host_ms = []
     for i in range(warmup):
         _use(ops, sets[i % len(sets)])
         t0 = time.perf_counter()
         fn()
         host_ms.append((time.perf_counter() - t0) * 1e3)
-    # The first call may compile kernels or create communicators: it says nothing about the next ones.
-    queue_ms = _slowest_rank(dev, max(host_ms[1:] or host_ms, default=0.0))
+    # The first call may compile kernels or create communicators: it says nothing about the next ones, and
+    # the median ignores a later one that did.
+    queue_ms = statistics.median(host_ms[1:] or host_ms) if host_ms else 0.0
     timers = [Timer(dev) for _ in range(repeats)]
     for i, timer in enumerate(timers):
         _use(ops, sets[i % len(sets)])
@@ -147,12 +149,7 @@ def _rel_err(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor]) -> 
     num = sum(float((g.double() - w.double()).norm() ** 2) for g, w in zip(got, want, strict=True))
     den = sum(float(w.double().norm() ** 2) for w in want)
     err = math.sqrt(num / den) if den > 0 else math.sqrt(num)
-    return _slowest_rank(dev, err if math.isfinite(err) else math.inf)
-
-
-def _slowest_rank(dev: Device, value: float) -> float:
-    """The largest of every rank's ``value``."""
-    worst = torch.tensor([value], dtype=torch.float64, device=dev.device)
+    worst = torch.tensor([err if math.isfinite(err) else math.inf], dtype=torch.float64, device=dev.device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     return float(worst.item())
 

@@ -49,6 +49,11 @@ import triton.language as tl
 from overlap_runtime import gemm
 from overlap_runtime.errors import InputError
 
+EVERY_CALL = ("epoch",)
+"""Kernel arguments that change on every call: Triton must not specialize on them (it would compile new
+variants when the epoch reaches 1 or a multiple of 16: seconds of compiling in the middle of a measurement,
+which a fresh H200 host spent inside the timed repeats of h8192 s8192 qkv_fprop)."""
+
 
 @triton.jit
 def _wait_at_least(flag_ptr, target):
@@ -77,7 +82,7 @@ def _chunk_rows(t, chunk, row, R, stride_m, TMA: tl.constexpr):
         return t + chunk * R * stride_m, row
 
 
-@triton.jit
+@triton.jit(do_not_specialize=EVERY_CALL)
 def _gather_matmul_kernel(
     a,
     ring,
@@ -226,7 +231,7 @@ def _store_gathered(
     gemm.store_tile(rows, row0, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=EVERY_CALL)
 def _scatter_matmul_kernel(
     a,
     b,
