@@ -30,6 +30,14 @@ def test_measure_prints_the_measurement_contract_as_json() -> None:
     assert record["exposed_ms"] == pytest.approx(record["overlap_ms"] - record["gemm_ms"])
 
 
+def test_measure_takes_a_gated_context_parallel_shape() -> None:
+    done = run(*BASE, "--layer", "fc1_fprop", "--method", "ring_exchange", "--gated", "--cp", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["valid"] is True
+    assert record["shape"]["gated"] is True and record["shape"]["cp"] == 2
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -56,6 +56,15 @@ def test_tune_writes_a_preset_with_every_slot_and_stores_valid_winners(tmp_path:
     assert all(row.measurement["valid"] for row in best)
 
 
+def test_tune_stores_a_gated_context_parallel_shape_as_given(tmp_path: Path) -> None:
+    result = tune("--gated", "--cp", "2", "--layers", "fc1_fprop", "--trials", "2", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with session_factory(engine=create_engine_for(url=f"sqlite:///{tmp_path / 'autotune.db'}"))() as session:
+        (row,) = get_best(session=session, hidden=64, tp=2, mbs=1, seq=32, gpu="cpu")
+    assert row.slot == "fc1_fprop"
+    assert ModelShape(**row.shape) == ModelShape(hidden=64, tp=2, seq=32, gated=True, cp=2)
+
+
 def test_bad_input_exits_2_and_names_the_field(tmp_path: Path) -> None:
     result = tune("--layers", "qkv_fprop,qkv_fprup", tmp_path=tmp_path)
     assert result.returncode == 2

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from autotune.cli.shape_options import Cp, FfnHidden, Gated, Hidden, Mbs, NumHeads, NumQueryGroups, Seq, ShapeDtype, Tp
 from autotune.client import DEFAULT_CONTROLLER, ApiError, Client
 from autotune.local_token import read_token
 
@@ -32,10 +33,6 @@ Token = Annotated[
     typer.Option(envvar="AUTOTUNE_TOKEN", help="Bearer token (or AUTOTUNE_TOKEN; default: local token file)"),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON")]
-Hidden = Annotated[int, typer.Option(help="Model width H")]
-Tp = Annotated[int, typer.Option(help="Tensor-parallel size")]
-Seq = Annotated[int, typer.Option(help="Sequence length")]
-Mbs = Annotated[int, typer.Option(help="Micro-batch size")]
 Gpu = Annotated[str | None, typer.Option(help="GPU model, as NVML names it (NVIDIA H200) or short (h200)")]
 JobGpu = Annotated[
     str | None,
@@ -66,12 +63,12 @@ def submit(
     tp: Tp,
     seq: Seq,
     mbs: Mbs = 1,
-    ffn_hidden: Annotated[int | None, typer.Option()] = None,
-    num_heads: Annotated[int | None, typer.Option()] = None,
-    num_query_groups: Annotated[int | None, typer.Option()] = None,
-    gated: Annotated[bool, typer.Option("--gated", help="Gated MLP (SwiGLU)")] = False,
-    dtype: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
-    cp: Annotated[int, typer.Option()] = 1,
+    ffn_hidden: FfnHidden = None,
+    num_heads: NumHeads = None,
+    num_query_groups: NumQueryGroups = None,
+    gated: Gated = False,
+    dtype: ShapeDtype = "bf16",
+    cp: Cp = 1,
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,fc2_fprop)")] = "all",
     trials: Annotated[int | None, typer.Option(help="Trials per slot (controller default: 30)")] = None,
     backend: Annotated[str | None, typer.Option(help="cpu | cuda (controller default)")] = None,

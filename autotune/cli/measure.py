@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from autotune.cli.shape_options import Cp, FfnHidden, Gated, Hidden, Mbs, NumHeads, NumQueryGroups, Seq, ShapeDtype, Tp
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.errors import InputError, TrialFailure
 from overlap_runtime.runtime import Runtime, available_gpus
@@ -20,15 +21,17 @@ def default_backend() -> str:
 
 def measure(
     layer: Annotated[str, typer.Option(help="Layer slot, e.g. qkv_fprop")],
-    hidden: Annotated[int, typer.Option()],
-    tp: Annotated[int, typer.Option()],
-    seq: Annotated[int, typer.Option()],
+    hidden: Hidden,
+    tp: Tp,
+    seq: Seq,
     method: Annotated[str, typer.Option(help="none | ring_exchange | pipeline | bulk")],
-    mbs: Annotated[int, typer.Option()] = 1,
-    ffn_hidden: Annotated[int | None, typer.Option()] = None,
-    num_heads: Annotated[int | None, typer.Option()] = None,
-    num_query_groups: Annotated[int | None, typer.Option()] = None,
-    dtype: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
+    mbs: Mbs = 1,
+    ffn_hidden: FfnHidden = None,
+    num_heads: NumHeads = None,
+    num_query_groups: NumQueryGroups = None,
+    gated: Gated = False,
+    dtype: ShapeDtype = "bf16",
+    cp: Cp = 1,
     num_sm: Annotated[int | None, typer.Option()] = None,
     num_splits: Annotated[int | None, typer.Option()] = None,
     num_max_streams: Annotated[int | None, typer.Option()] = None,
@@ -58,7 +61,9 @@ def measure(
         ffn_hidden=ffn_hidden,
         num_heads=num_heads,
         num_query_groups=num_query_groups,
+        gated=gated,
         dtype=dtype,
+        cp=cp,
     )
     backend = backend or default_backend()
     # TE's margin default: on for SM-driven comm with num_sm given, which --no-sm-margin turns off.

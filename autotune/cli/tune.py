@@ -13,6 +13,7 @@ from rich.console import Console
 
 from autotune import local
 from autotune.cli.measure import default_backend
+from autotune.cli.shape_options import Cp, FfnHidden, Gated, Hidden, Mbs, NumHeads, NumQueryGroups, Seq, ShapeDtype, Tp
 from autotune.report import outcome_table
 from overlap_runtime.shape import ModelShape
 
@@ -21,14 +22,16 @@ PIPE_WIDTH = 200
 
 
 def tune(
-    hidden: Annotated[int, typer.Option()],
-    tp: Annotated[int, typer.Option()],
-    seq: Annotated[int, typer.Option()],
-    mbs: Annotated[int, typer.Option()] = 1,
-    ffn_hidden: Annotated[int | None, typer.Option()] = None,
-    num_heads: Annotated[int | None, typer.Option()] = None,
-    num_query_groups: Annotated[int | None, typer.Option()] = None,
-    dtype: Annotated[str, typer.Option(help="bf16 | fp8")] = "bf16",
+    hidden: Hidden,
+    tp: Tp,
+    seq: Seq,
+    mbs: Mbs = 1,
+    ffn_hidden: FfnHidden = None,
+    num_heads: NumHeads = None,
+    num_query_groups: NumQueryGroups = None,
+    gated: Gated = False,
+    dtype: ShapeDtype = "bf16",
+    cp: Cp = 1,
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,proj_fprop)")] = "all",
     trials: Annotated[int, typer.Option(min=1, help="Configs measured per slot at most")] = local.DEFAULT_TRIALS,
     backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
@@ -47,7 +50,9 @@ def tune(
         ffn_hidden=ffn_hidden,
         num_heads=num_heads,
         num_query_groups=num_query_groups,
+        gated=gated,
         dtype=dtype,
+        cp=cp,
     )
     request = local.TuneRequest(
         shape=shape,
