@@ -125,7 +125,8 @@ class Client:
                     data.append(line[5:].lstrip())
 
     def best(self, **query: Any) -> dict[str, Any]:
-        """``GET /v1/best`` with hidden, tp, mbs, seq and optional gpu, dtype (None values are left out)."""
+        """``GET /v1/best`` with hidden, tp, mbs, seq and optional gpu, dtype, ffn_hidden, num_heads,
+        num_query_groups, gated, cp (None values are left out)."""
         return self._call("GET", "/v1/best", params=_params(query))
 
     def preset(self, *, format: str = "nemo", **query: Any) -> PresetFile:

@@ -36,20 +36,24 @@ def run(service: Service, *args: str, token: str | None = "default") -> Result:
     return CliRunner().invoke(app, list(args), env=env)
 
 
-@pytest.fixture(scope="module")
-def finished_job(cpu_service: Service) -> str:
-    """One tiny job, submitted and followed to the end through the CLI."""
+def tune_through_the_cli(service: Service, *shape_args: str) -> str:
+    """Submit one tiny job (qkv_fprop, 3 trials), follow it to the end through the CLI, return its id."""
     submitted = CliRunner().invoke(
         app,
-        ["submit", *SHAPE_ARGS, "--layers", "qkv_fprop", "--trials", "3", "--backend", "cpu"],
-        env={"AUTOTUNE_CONTROLLER": cpu_service.url, "AUTOTUNE_TOKEN": cpu_service.token},
+        ["submit", *shape_args, "--layers", "qkv_fprop", "--trials", "3", "--backend", "cpu"],
+        env={"AUTOTUNE_CONTROLLER": service.url, "AUTOTUNE_TOKEN": service.token},
     )
     assert submitted.exit_code == 0, submitted.output
     job_id = submitted.stdout.strip()
-    followed = CliRunner().invoke(app, ["status", job_id, "--json"], env={"AUTOTUNE_CONTROLLER": cpu_service.url})
+    followed = CliRunner().invoke(app, ["status", job_id, "--json"], env={"AUTOTUNE_CONTROLLER": service.url})
     assert followed.exit_code == 0, followed.output
     assert json.loads(followed.stdout)["status"] == "succeeded"
     return job_id
+
+
+@pytest.fixture(scope="module")
+def finished_job(cpu_service: Service) -> str:
+    return tune_through_the_cli(cpu_service, *SHAPE_ARGS)
 
 
 @pytest.mark.slow
@@ -73,6 +77,26 @@ def test_best_and_export_write_what_was_measured(cpu_service: Service, finished_
     assert "qkv_fprop" in {s.value for s in parse_nemo(path.read_text(), name=path.name).configs}
     te = run(cpu_service, "export", *SHAPE_ARGS, "--format", "te", "--out", str(tmp_path))
     assert te.exit_code == 0 and "qkv_fprop" in json.loads(Path(te.stdout.strip()).read_text())["ub_cfgs"]
+
+
+@pytest.mark.slow
+def test_best_and_export_pick_one_of_two_models_of_the_same_dimensions(cpu_service: Service, tmp_path: Path) -> None:
+    dims = ["--hidden", "64", "--tp", "2", "--seq", "64"]
+    tune_through_the_cli(cpu_service, *dims)
+    tune_through_the_cli(cpu_service, *dims, "--gated")
+    ambiguous = run(cpu_service, "export", *dims, "--out", str(tmp_path))
+    assert ambiguous.exit_code == 2
+    assert "several shapes match; add ffn_hidden, num_heads, num_query_groups, gated or cp" in ambiguous.output
+    for flag, gated in (("--gated", True), ("--not-gated", False)):
+        best = run(cpu_service, "best", *dims, flag, "--json")
+        assert best.exit_code == 0, best.output
+        (group,) = json.loads(best.stdout)["results"]
+        assert group["shape"]["gated"] is gated
+        folder = tmp_path / flag
+        folder.mkdir()
+        exported = run(cpu_service, "export", *dims, flag, "--out", str(folder))
+        assert exported.exit_code == 0, exported.output
+        assert "qkv_fprop" in Path(exported.stdout.strip()).read_text()
 
 
 @pytest.mark.slow

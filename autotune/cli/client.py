@@ -20,7 +20,20 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autotune.cli.shape_options import Cp, FfnHidden, Gated, Hidden, Mbs, NumHeads, NumQueryGroups, Seq, ShapeDtype, Tp
+from autotune.cli.shape_options import (
+    Cp,
+    CpFilter,
+    FfnHidden,
+    Gated,
+    GatedFilter,
+    Hidden,
+    Mbs,
+    NumHeads,
+    NumQueryGroups,
+    Seq,
+    ShapeDtype,
+    Tp,
+)
 from autotune.client import DEFAULT_CONTROLLER, ApiError, Client
 from autotune.local_token import read_token
 
@@ -171,13 +184,21 @@ def best(
     mbs: Mbs = 1,
     gpu: Gpu = None,
     dtype: Dtype = None,
+    ffn_hidden: FfnHidden = None,
+    num_heads: NumHeads = None,
+    num_query_groups: NumQueryGroups = None,
+    gated: GatedFilter = None,
+    cp: CpFilter = None,
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
     """Each slot's best config for a shape; says so plainly when only the nearest known preset is available."""
     with talking(controller), _client(controller, token) as client:
-        answer = client.best(hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype)
+        answer = client.best(
+            hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype, ffn_hidden=ffn_hidden, num_heads=num_heads,
+            num_query_groups=num_query_groups, gated=gated, cp=cp,
+        )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(answer, indent=2))
         return
@@ -216,6 +237,11 @@ def export(
     mbs: Mbs = 1,
     gpu: Gpu = None,
     dtype: Dtype = None,
+    ffn_hidden: FfnHidden = None,
+    num_heads: NumHeads = None,
+    num_query_groups: NumQueryGroups = None,
+    gated: GatedFilter = None,
+    cp: CpFilter = None,
     format: Annotated[str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON)")] = "nemo",
     out: Annotated[Path, typer.Option(help="File to write, or a folder for NVIDIA's file name")] = Path("."),
     controller: Controller = DEFAULT_CONTROLLER,
@@ -223,7 +249,10 @@ def export(
 ) -> None:
     """Write the shape's preset file (NeMo/Megatron YAML by default) and print its path."""
     with talking(controller), _client(controller, token) as client:
-        preset = client.preset(format=format, hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype)
+        preset = client.preset(
+            format=format, hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype, ffn_hidden=ffn_hidden,
+            num_heads=num_heads, num_query_groups=num_query_groups, gated=gated, cp=cp,
+        )  # fmt: skip
     if not preset.measured:
         typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
     if out.is_dir():
