@@ -30,6 +30,15 @@ def test_measure_prints_the_measurement_contract_as_json() -> None:
     assert record["exposed_ms"] == pytest.approx(record["overlap_ms"] - record["gemm_ms"])
 
 
+def test_measure_takes_a_whole_config_as_json_as_best_prints_it() -> None:
+    config = {"method": "pipeline", "num_splits": 2, "pipeline_rs_overlap_first_gemm": True}
+    done = run(*BASE, "--layer", "proj_fprop", "--config", json.dumps(config), "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["valid"] is True
+    assert record["config"] == config
+
+
 def test_measure_takes_a_gated_context_parallel_shape() -> None:
     done = run(*BASE, "--layer", "fc1_fprop", "--method", "ring_exchange", "--gated", "--cp", "2", "--json")
     assert done.returncode == 0, done.stderr
@@ -48,6 +57,11 @@ def test_measure_takes_a_gated_context_parallel_shape() -> None:
         (["--layer", "proj_fprop", "--method", "bulk"], "method: bulk needs"),
         (["--layer", "qkv_fprop", "--method", "ring_exchange", "--num-sm", "4"], "num_sm: has no meaning on the cpu"),
         (["--layer", "qkv_fprop", "--method", "ring_exchange", "--fused"], "fused: has no meaning on the cpu"),
+        (["--layer", "qkv_fprop"], "method: is required (or give the whole config with --config)"),
+        (["--layer", "qkv_fprop", "--config", "{method: none}"], "config: must be a JSON object"),
+        (["--layer", "qkv_fprop", "--config", '["none"]'], "config: must be a JSON object"),
+        (["--layer", "qkv_fprop", "--config", '{"method": "none"}', "--method", "none"], "method: give either"),
+        (["--layer", "proj_fprop", "--config", '{"method": "pipeline", "num_splitz": 2}'], "num_splitz: is not a"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_field(args: list[str], message: str) -> None:

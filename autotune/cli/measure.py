@@ -24,7 +24,7 @@ def measure(
     hidden: Hidden,
     tp: Tp,
     seq: Seq,
-    method: Annotated[str, typer.Option(help="none | ring_exchange | pipeline | bulk")],
+    method: Annotated[str | None, typer.Option(help="none | ring_exchange | pipeline | bulk")] = None,
     mbs: Mbs = 1,
     ffn_hidden: FfnHidden = None,
     num_heads: NumHeads = None,
@@ -44,6 +44,14 @@ def measure(
     no_ce: Annotated[bool, typer.Option("--no-ce", help="SM-driven (NCCL) copies instead of the copy engine")] = False,
     no_sm_margin: Annotated[bool, typer.Option("--no-sm-margin", help="Let the GEMM use every SM")] = False,
     atomic_gemm: Annotated[bool, typer.Option("--atomic-gemm")] = False,
+    config_json: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="A whole config as JSON instead of --method and the knob flags, as `autotune best --json` prints "
+            'it: \'{"method": "bulk", "use_ce": true, "gemm": "cublas"}\'',
+        ),
+    ] = None,
     backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
     repeats: Annotated[int, typer.Option(min=3)] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
@@ -66,20 +74,41 @@ def measure(
         cp=cp,
     )
     backend = backend or default_backend()
-    # TE's margin default: on for SM-driven comm with num_sm given, which --no-sm-margin turns off.
-    config = OverlapConfig(
-        method=method,
-        num_sm=num_sm,
-        num_splits=num_splits,
-        num_max_streams=num_max_streams,
-        cga_size=cga_size,
-        gemm=gemm,
-        aggregate=aggregate,
-        fused=fused,
-        use_ce=False if no_ce else None,
-        set_sm_margin=num_sm is not None and not no_sm_margin,
-        atomic_gemm=atomic_gemm,
-    )
+    flags = {
+        "method": method,
+        "num_sm": num_sm,
+        "num_splits": num_splits,
+        "num_max_streams": num_max_streams,
+        "cga_size": cga_size,
+        "gemm": gemm,
+        "aggregate": aggregate,
+        "fused": fused,
+        "no_ce": no_ce,
+        "no_sm_margin": no_sm_margin,
+        "atomic_gemm": atomic_gemm,
+    }
+    if config_json is not None:
+        given = [name for name, value in flags.items() if value not in (None, False)]
+        if given:
+            raise InputError(given[0], "give either --config or --method and the knob flags, not both")
+        config = OverlapConfig.from_dict(_json_object("config", config_json))
+    elif method is None:
+        raise InputError("method", "is required (or give the whole config with --config)")
+    else:
+        # TE's margin default: on for SM-driven comm with num_sm given, which --no-sm-margin turns off.
+        config = OverlapConfig(
+            method=method,
+            num_sm=num_sm,
+            num_splits=num_splits,
+            num_max_streams=num_max_streams,
+            cga_size=cga_size,
+            gemm=gemm,
+            aggregate=aggregate,
+            fused=fused,
+            use_ce=False if no_ce else None,
+            set_sm_margin=num_sm is not None and not no_sm_margin,
+            atomic_gemm=atomic_gemm,
+        )
     with Runtime(tp=tp, backend=backend) as runtime:
         try:
             result = runtime.measure(shape, slot, config, repeats=repeats)
@@ -94,3 +123,13 @@ def measure(
             typer.echo(f"{key:>12}: {value}")
     if "error" in record:
         raise typer.Exit(1)
+
+
+def _json_object(field: str, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(field, f"must be a JSON object ({e.msg} at character {e.pos})", text) from None
+    if not isinstance(value, dict):
+        raise InputError(field, "must be a JSON object", text)
+    return value
