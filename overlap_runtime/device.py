@@ -202,7 +202,7 @@ class Device:
         the GPU's work, not Python's launch latency (in training the host runs ahead of the GPU too).  An op
         that takes longer to queue than the sleep runs its chunks as the host reaches them, and each collective
         waits for the slower rank's host: on 2 x H200, h5120 s2048 proj_fprop under pipeline with 8 splits
-        took 1.6-2.7 ms of Python per call and was timed at 1.30-1.65 ms behind a fixed 2 ms sleep, against
+        took 1.6-3.5 ms of Python per call and was timed at 1.30-1.65 ms behind a fixed 2 ms sleep, against
         0.28 ms with a sleep that outlasts the host."""
         if self.is_cuda:
             self.synchronize()
