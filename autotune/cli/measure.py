@@ -74,8 +74,7 @@ def measure(
         cp=cp,
     )
     backend = backend or default_backend()
-    flags = {
-        "method": method,
+    knobs = {
         "num_sm": num_sm,
         "num_splits": num_splits,
         "num_max_streams": num_max_streams,
@@ -83,11 +82,10 @@ def measure(
         "gemm": gemm,
         "aggregate": aggregate,
         "fused": fused,
-        "no_ce": no_ce,
-        "no_sm_margin": no_sm_margin,
         "atomic_gemm": atomic_gemm,
     }
     if config_json is not None:
+        flags = {"method": method, **knobs, "no_ce": no_ce, "no_sm_margin": no_sm_margin}
         given = [name for name, value in flags.items() if value not in (None, False)]
         if given:
             raise InputError(given[0], "give either --config or --method and the knob flags, not both")
@@ -98,16 +96,9 @@ def measure(
         # TE's margin default: on for SM-driven comm with num_sm given, which --no-sm-margin turns off.
         config = OverlapConfig(
             method=method,
-            num_sm=num_sm,
-            num_splits=num_splits,
-            num_max_streams=num_max_streams,
-            cga_size=cga_size,
-            gemm=gemm,
-            aggregate=aggregate,
-            fused=fused,
+            **knobs,
             use_ce=False if no_ce else None,
             set_sm_margin=num_sm is not None and not no_sm_margin,
-            atomic_gemm=atomic_gemm,
         )
     with Runtime(tp=tp, backend=backend) as runtime:
         try:
