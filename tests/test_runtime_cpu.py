@@ -10,6 +10,7 @@ import time
 import pytest
 
 from overlap_runtime.config import OverlapConfig, check_config, problem
+from overlap_runtime.device import MAX_ALIGN_SLEEPS, align_sleeps
 from overlap_runtime.errors import ConfigError, InputError, ShapeError, TrialFailure
 from overlap_runtime.group import TPGroup
 from overlap_runtime.runtime import Runtime
@@ -194,6 +195,13 @@ def _deadlock(ctx) -> None:
 def _crash(ctx) -> None:
     if ctx.rank == 1:
         os._exit(3)
+
+
+def test_the_alignment_sleep_outlasts_the_host_with_a_margin_within_bounds() -> None:
+    assert align_sleeps(0.0) == 1  # never less than one ~2 ms sleep
+    assert align_sleeps(2.0) == 2  # 1.5 x 2 ms of queueing
+    assert align_sleeps(10.0) == 8
+    assert align_sleeps(60_000.0) == MAX_ALIGN_SLEEPS  # a compile or a stall is not queueing
 
 
 def _compile_slowly(ctx, seconds: float) -> int:

@@ -16,6 +16,14 @@ from overlap_runtime.shape import ModelShape, Slot, slot_gemm
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+
+@pytest.fixture(autouse=True)
+def compiled_kernels_in_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank processes inherit this process's environment: without TRITON_INTERPRET (which the interpreter
+    tests set, `triton_interpreter`), they run compiled kernels, as the runtime does."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
 HOST_MS = 6.0
 """Python time to queue the op below: three times one alignment sleep (`device.ALIGN_SLEEP_MS`)."""
 
