@@ -32,10 +32,9 @@ from overlap_runtime.symmetric import Counters, PeerBuffer
 ALIGN_SLEEP_CYCLES = 4_000_000
 """One sleep kernel of `Device.align`: about 2 ms at H200 clocks (longer at lower clocks)."""
 ALIGN_SLEEP_MS = 2.0
+"""What one such sleep is taken to last when sleeps are counted (`align_sleeps`)."""
 HOST_MARGIN = 1.5
 """`Device.align` sleeps this many times as long as the host is expected to take to queue the op."""
-
-
 MAX_ALIGN_SLEEPS = 50
 """100 ms: a host slower than that to queue one op is not queueing (a compile, a stall), and must not turn
 every repeat into a long sleep."""

@@ -6,8 +6,9 @@ A watchdog bounds every task: if any rank hangs past the timeout, dies, or raise
 killed and `TrialFailure` carries the reason; the next task starts a fresh group, so a bad config costs
 one start-up and never the caller.  Time a rank spends compiling kernels (`RankContext.compiling`; on CUDA
 every Triton compile reports itself) does not count against the timeout, only against `COMPILE_LIMIT_S`:
-the ring kernels' first launch with new constants compiled for 51 s on a fresh H200 host, and a 20 s
-trial timeout took that for a hang.
+a kernel's first launch with new constants can compile for many seconds on a fresh host (a fused ring
+config's first measurement took 51 s on the H200, most of it compiling), which a short trial timeout
+would take for a hang.
 """
 
 from __future__ import annotations
@@ -273,30 +274,32 @@ class _WatchdogClock:
     """A task's timeout that stands still while any rank compiles (see the module docstring)."""
 
     def __init__(self, timeout_s: float, compile_limit_s: float) -> None:
-        self.deadline = time.monotonic() + timeout_s
+        self.started = time.monotonic()
+        self.timeout_s = timeout_s
         self.compile_limit_s = compile_limit_s
         self.compiling: set[int] = set()
         self.paused_at: float | None = None
-        self.paused_s = 0.0
+        self.paused_before_s = 0.0
+        """Compile time of the pauses that ended."""
 
     def compile(self, rank: int, started: bool) -> None:
         if started:
             self.compiling.add(rank)
         else:
             self.compiling.discard(rank)
-        now = time.monotonic()
         if self.compiling and self.paused_at is None:
-            self.paused_at = now
+            self.paused_at = time.monotonic()
         elif not self.compiling and self.paused_at is not None:
-            self.deadline += now - self.paused_at
-            self.paused_s += now - self.paused_at
+            self.paused_before_s = self.paused_s()
             self.paused_at = None
 
+    def paused_s(self) -> float:
+        """Seconds that some rank has spent compiling in this task, the current pause included."""
+        return self.paused_before_s + (time.monotonic() - self.paused_at if self.paused_at is not None else 0.0)
+
     def left(self) -> float:
-        """Seconds of timeout left; the whole timeout while a rank compiles."""
-        now = time.monotonic()
-        return self.deadline + (now - self.paused_at if self.paused_at is not None else 0.0) - now
+        """Seconds of timeout left; it does not run down while a rank compiles."""
+        return self.started + self.timeout_s + self.paused_s() - time.monotonic()
 
     def compile_overrun(self) -> bool:
-        paused = self.paused_s + (time.monotonic() - self.paused_at if self.paused_at is not None else 0.0)
-        return paused > self.compile_limit_s
+        return self.paused_s() > self.compile_limit_s
