@@ -48,20 +48,12 @@ import triton.language as tl
 
 from overlap_runtime import gemm
 from overlap_runtime.errors import InputError
+from overlap_runtime.flag_kernels import wait_at_least
 
 EVERY_CALL = ("epoch",)
 """Kernel arguments that change on every call: Triton must not specialize on them (it would compile new
 variants when the epoch reaches 1 or a multiple of 16: seconds of compiling in the middle of a measurement,
 which a fresh H200 host spent inside the timed repeats of h8192 s8192 qkv_fprop)."""
-
-
-@triton.jit
-def _wait_at_least(flag_ptr, target):
-    """Spin until the int32 at ``flag_ptr`` reaches ``target`` (acquire, system scope: the data that the
-    flag publishes, written by another GPU or its copy engine, is visible after it)."""
-    while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys") < target:
-        pass
-    tl.debug_barrier()  # every thread of the program reads after the one that saw the flag
 
 
 @triton.jit
@@ -195,7 +187,7 @@ def _gathered_tile(
     step, pid_m, pid_n = _ring_tile(tile, chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
     src = (rank + CHUNKS - step) % CHUNKS
     if step > arrived:  # tiles only move forward, so one wait per chunk and program
-        _wait_at_least(ready_ptr + src, epoch)
+        wait_at_least(ready_ptr + src, epoch)
         arrived = step
     rows = a
     row0 = pid_m * BLOCK_M
@@ -406,7 +398,7 @@ def _finish_scattered(
     else:
         if seg > arrived:  # tiles only move forward, so one wait per segment and program
             for d in tl.static_range(1, CHUNKS):
-                _wait_at_least(ready_ptr + ((rank + CHUNKS - d) % CHUNKS) * lanes + seg, epoch)
+                wait_at_least(ready_ptr + ((rank + CHUNKS - d) % CHUNKS) * lanes + seg, epoch)
             arrived = seg
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)

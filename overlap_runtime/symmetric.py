@@ -2,9 +2,10 @@
 
 Every rank allocates the same buffer with PyTorch symmetric memory (CUDA IPC, no multicast), so each rank
 can ``copy_`` straight into a peer's buffer: a ``cudaMemcpyAsync`` that the copy engine runs without any SM.
-Readiness travels as 32-bit epoch flags written with ``cuStreamWriteValue32`` (after a system fence, no SM)
-and awaited with ``cuStreamWaitValue32`` (the stream stalls, no kernel spins).  Epochs only grow, so flags
-never need a reset.  Flag layout per rank: ``flags[READY, src]`` = last epoch whose data ``src`` pushed here;
+Readiness travels as 32-bit epoch flags written with ``cuStreamWriteValue32`` (after a system fence, no SM).
+A comm stream awaits them with ``cuStreamWaitValue32`` (`PeerBuffer.wait`: the stream stalls, no SM); a
+compute stream with a kernel that spins (`PeerBuffer.spin`, `flag_kernels`), because the kernel behind a
+memop wait starts microseconds late.  Epochs only grow, so flags never need a reset.  Flag layout per rank: ``flags[READY, src]`` = last epoch whose data ``src`` pushed here;
 ``flags[ACK, src]`` = last epoch in which ``src`` finished reading what this rank pushed to it.
 """
 
@@ -16,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
+
+from overlap_runtime import flag_kernels
 
 READY, ACK = 0, 1
 
@@ -111,3 +114,9 @@ class PeerBuffer:
         """Stall the current stream until this rank's flag ``(kind, src, lane)`` reaches ``epoch``."""
         if epoch > 0:
             stream_wait(self._addr(self.rank, kind, src, lane), epoch)
+
+    def spin(self, src: int, kind: int, epoch: int, lane: int = 0) -> None:
+        """`wait` with a one-program kernel on the current stream: for a stream whose next op is a kernel."""
+        if epoch > 0:
+            word = (kind * self.world + src) * self.lanes + lane
+            flag_kernels.spin(self.flags[word : word + 1], epoch)

@@ -44,13 +44,20 @@ def _fix_interpreter_for_numpy_2_4() -> None:
 
 
 def interpreted(name: str) -> ModuleType:
-    """The kernel module ``name`` with interpreted kernels (its kernel-module imports too, `gemm` first)."""
+    """The kernel module ``name`` with interpreted kernels (its kernel-module imports too: `gemm`, then
+    `flag_kernels`)."""
     _fix_interpreter_for_numpy_2_4()
     gemm = importlib.import_module("overlap_runtime.gemm")
     if not gemm.INTERPRETED:  # imported earlier in this process without TRITON_INTERPRET=1
         gemm = importlib.reload(gemm)
     assert gemm.INTERPRETED
+    flag_kernels = importlib.import_module("overlap_runtime.flag_kernels")
+    if _compiled(flag_kernels):
+        importlib.reload(flag_kernels)
     module = importlib.import_module(name)
-    if any(isinstance(v, JITFunction) for v in vars(module).values()):  # imported before the variable was set
-        module = importlib.reload(module)
-    return module
+    return importlib.reload(module) if _compiled(module) else module
+
+
+def _compiled(module: ModuleType) -> bool:
+    """Whether ``module`` was imported before TRITON_INTERPRET was set: its kernels are compiled-mode objects."""
+    return any(isinstance(v, JITFunction) for v in vars(module).values())
