@@ -12,8 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from overlap_runtime.config import OverlapConfig
+from overlap_runtime.config import Method, OverlapConfig, sm_driven_comm
 from search_spaces.space import SlotSpace
+
+
+def family(config: OverlapConfig) -> tuple[Method, bool, bool]:
+    """How a config runs, as opposed to how it is tuned: its method, whether the ring is fused into our
+    GEMM, and whether the comm runs as SM kernels (NCCL) or on the copy engine.  Configs of one family share
+    one timeline and differ in its knobs; configs of two families can be 10-30% apart whatever their knobs."""
+    return config.method, config.fused, sm_driven_comm(config)
 
 
 def neighbours(space: SlotSpace, config: OverlapConfig) -> list[OverlapConfig]:

@@ -17,7 +17,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from autotune.gpu import CPU
+from autotune.studies import SlotStudy
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError, TrialFailure
 from overlap_runtime.measurement import Measurement
@@ -67,6 +70,20 @@ class Landscape:
     def space(self) -> SlotSpace:
         """The search space the landscape was recorded over."""
         return slot_space(self.shape, self.slot, backend=self.backend, limits=self.limits)
+
+    def study(self, *, n_trials: int, seed: int) -> SlotStudy:
+        """A fresh in-memory study of this slot as it was recorded (GPU, shape, backend, limits), to drive
+        with a `ReplayBackend` of this landscape."""
+        return SlotStudy(
+            storage=optuna.storages.InMemoryStorage(),
+            gpu=self.gpu,
+            shape=self.shape,
+            slot=self.slot,
+            backend=self.backend,
+            limits=self.limits,
+            n_trials=n_trials,
+            seed=seed,
+        )
 
     def truth(self, config: OverlapConfig) -> float:
         """The recorded median time of ``config``; inf for a failed or wrong config (it can never be best)."""

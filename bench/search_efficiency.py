@@ -39,7 +39,6 @@ import optuna
 from autotune.baselines import nearest_preset_config
 from autotune.local import DEFAULT_TRIALS, drive
 from autotune.replay import Landscape, ReplayBackend
-from autotune.studies import SlotStudy
 from bench.environment import environment
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.errors import InputError
@@ -58,19 +57,9 @@ def arrival(landscape: Landscape, order: Sequence[OverlapConfig]) -> float:
 
 
 def tuner(landscape: Landscape, seed: int) -> tuple[float, dict[str, float]]:
-    study = SlotStudy(
-        storage=optuna.storages.InMemoryStorage(),
-        gpu=landscape.gpu,
-        shape=landscape.shape,
-        slot=landscape.slot,
-        backend=landscape.backend,
-        limits=landscape.limits,
-        n_trials=DEFAULT_TRIALS,
-        seed=seed,
-    )
     measured: list[OverlapConfig] = []
     outcome = drive(
-        study,
+        landscape.study(n_trials=DEFAULT_TRIALS, seed=seed),
         measurer=ReplayBackend([landscape], seed=seed),
         on_told=lambda p: measured.extend(p.configs if p.purpose != "finalist" else ()),
     )
