@@ -5,8 +5,9 @@ can ``copy_`` straight into a peer's buffer: a ``cudaMemcpyAsync`` that the copy
 Readiness travels as 32-bit epoch flags written with ``cuStreamWriteValue32`` (after a system fence, no SM).
 A comm stream awaits them with ``cuStreamWaitValue32`` (`PeerBuffer.wait`: the stream stalls, no SM); a
 compute stream with a kernel that spins (`PeerBuffer.spin`, `flag_kernels`), because the kernel behind a
-memop wait starts microseconds late.  Epochs only grow, so flags never need a reset.  Flag layout per rank: ``flags[READY, src]`` = last epoch whose data ``src`` pushed here;
-``flags[ACK, src]`` = last epoch in which ``src`` finished reading what this rank pushed to it.
+memop wait starts microseconds late.  Epochs only grow, so flags never need a reset.  Flag layout per rank:
+``flags[READY, src]`` = last epoch whose data ``src`` pushed here; ``flags[ACK, src]`` = last epoch in which
+``src`` finished reading what this rank pushed to it.
 """
 
 from __future__ import annotations
@@ -102,8 +103,12 @@ class PeerBuffer:
         self.epoch += 1
         return self.epoch
 
+    def _word(self, kind: int, src: int, lane: int) -> int:
+        """The index of flag ``(kind, src, lane)`` in every rank's flag words."""
+        return (kind * self.world + src) * self.lanes + lane
+
     def _addr(self, owner: int, kind: int, src: int, lane: int) -> int:
-        return self._flag_ptrs[owner] + 4 * ((kind * self.world + src) * self.lanes + lane)
+        return self._flag_ptrs[owner] + 4 * self._word(kind, src, lane)
 
     def signal(self, peer: int, kind: int, epoch: int, lane: int = 0) -> None:
         """On the current stream: set ``peer``'s flag ``(kind, self.rank, lane)`` to ``epoch`` once prior work
@@ -118,5 +123,5 @@ class PeerBuffer:
     def spin(self, src: int, kind: int, epoch: int, lane: int = 0) -> None:
         """`wait` with a one-program kernel on the current stream: for a stream whose next op is a kernel."""
         if epoch > 0:
-            word = (kind * self.world + src) * self.lanes + lane
+            word = self._word(kind, src, lane)
             flag_kernels.spin(self.flags[word : word + 1], epoch)
