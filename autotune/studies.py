@@ -341,8 +341,10 @@ class SlotStudy:
         stream, sat one knob away from the copy-engine ring on our GEMM (1.24x) that no move started from."""
         leaders: dict[tuple, OverlapConfig] = {}
         for record in history.ranked():
-            if record.config is not None and len(leaders) < TOP_K:
+            if record.config is not None:
                 leaders.setdefault(family(record.config), record.config)
+                if len(leaders) == TOP_K:
+                    break
         if not leaders:
             return None
         ordered = list(leaders.values())
