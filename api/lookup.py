@@ -24,7 +24,7 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import Preset, PresetRegistry, SlotResult, preset_from_results
 from search_spaces.te_dict import te_entry
-from storage import BestConfig, shape_key
+from storage import BestConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,7 +80,7 @@ def measured_groups(*, session: Session, query: ShapeQuery) -> list[BestGroup]:
     if query.gpu is not None:
         rows = [r for r in rows if gpu_matches(r.gpu, query.gpu)]
     if query.exact:
-        rows = [r for r in rows if r.shape_key == shape_key(s)]
+        rows = [r for r in rows if r.shape_key == s.key]
     groups: dict[tuple[str, str], list[BestConfig]] = {}
     for row in rows:
         groups.setdefault((row.gpu, row.shape_key), []).append(row)

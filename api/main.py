@@ -19,9 +19,9 @@ import storage
 from api import errors
 from api.cache import AnswerCache
 from api.routes import best, dashboard, health, jobs, presets, workers
+from api.scheduler import SchedulerThread
 from api.schemas import ErrorPublic
 from api.settings import Settings
-from autotune.scheduler import SchedulerThread
 from search_spaces import PresetRegistry
 
 COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {

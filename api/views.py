@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 import storage
 from api.schemas import BestSoFar, JobPublic, JobSummary, Progress, SlotPublic, TrialPublic
-from autotune.trial_rows import fastest
+from api.trial_rows import fastest
 from storage import BestConfig, Job, JobStatus, LayerStudy, Trial
 
 UNFINISHED_CAP = 0.99

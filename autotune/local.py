@@ -25,7 +25,6 @@ from autotune.gpu import device_gpu_name, preset_gpu_name
 from autotune.outcome import SlotOutcome
 from autotune.proposal import Proposal, Purpose
 from autotune.studies import SlotStudy
-from autotune.warm_start import neighbour_winners
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import ConfigError, TrialFailure
 from overlap_runtime.measurement import Measurement
@@ -37,6 +36,7 @@ from search_spaces.nemo_yaml import preset_file_name, write_nemo
 from search_spaces.presets import Preset
 from search_spaces.te_dict import to_te_dict
 from storage import create_engine_for, session_factory, upgrade, upsert_best
+from storage.warm_start import neighbour_winners
 
 DEFAULT_TRIALS = 60
 """Configs measured per slot at most (baselines included; the finalist batch comes on top)."""

@@ -26,7 +26,6 @@ from overlap_runtime.errors import InputError, TrialFailure
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.space import SlotSpace, slot_space
-from storage.shape_key import shape_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +109,7 @@ class ReplayBackend:
 
     def __init__(self, landscapes: Iterable[Landscape], *, seed: int | None = None) -> None:
         # Keyed by the shape key: a recorded shape has ffn_hidden resolved, the asked one may leave it None.
-        self._landscapes = {(shape_key(ls.shape), ls.slot): ls for ls in landscapes}
+        self._landscapes = {(ls.shape.key, ls.slot): ls for ls in landscapes}
         self._rng = random.Random(seed)
 
     def measure_many(
@@ -124,7 +123,7 @@ class ReplayBackend:
         rounds: int = 1,
     ) -> list[Measurement]:
         """Like `Runtime.measure_many` (``warmup`` has nothing to warm here); one failure fails them all."""
-        landscape = self._landscapes.get((shape_key(shape), Slot(slot)))
+        landscape = self._landscapes.get((shape.key, Slot(slot)))
         if landscape is None:
             raise InputError(
                 "slot", f"no landscape recorded for {Slot(slot).value} of {shape.label()}", Slot(slot).value

@@ -63,7 +63,6 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.space import slot_space
-from storage.shape_key import shape_key
 
 __all__ = ["Proposal", "Purpose", "SlotOutcome", "SlotStudy", "StudyProgress", "study_name"]
 
@@ -95,9 +94,9 @@ _BASELINES, _FINALISTS, _DECISION = "baselines", "finalists", "decision"
 
 def study_name(*, gpu: str, shape: ModelShape, slot: Slot) -> str:
     """``autotune-v1:{gpu}:{shape key}:{slot}``: the same inputs always give the same study, so asking again
-    resumes it.  The shape key (`storage.shape_key`) holds dtype and every size that shapes a GEMM, with
+    resumes it.  The shape key (`ModelShape.key`) holds dtype and every size that shapes a GEMM, with
     defaults resolved, so two spellings of one layer share a study."""
-    return f"{NAME_PREFIX}:{gpu}:{shape_key(shape)}:{Slot(slot).value}"
+    return f"{NAME_PREFIX}:{gpu}:{shape.key}:{Slot(slot).value}"
 
 
 def default_patience(n_trials: int) -> int:

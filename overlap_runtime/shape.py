@@ -11,7 +11,7 @@ This module imports no torch, so `search_spaces` and the service can use it on a
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from overlap_runtime.errors import ShapeError
 
@@ -132,6 +132,27 @@ class ModelShape:
             "dtype": self.dtype,
             "cp": self.cp,
         }
+
+    @property
+    def key(self) -> str:
+        """The string that identifies the shape in jobs, best configs and study names.
+
+        ``h{hidden}_tp{tp}_mbs{mbs}_seq{seq}_f{ffn}[g]_q{qkv_width}_{dtype}_cp{cp}``, for example
+        ``h8192_tp2_mbs1_seq8192_f32768_q24576_bf16_cp1`` (MHA, plain MLP) or
+        ``h8192_tp4_mbs1_seq4096_f28672g_q10240_bf16_cp1`` (GQA, gated MLP).  It holds the *resolved* widths
+        (F after the 4*hidden default, Q from heads and groups) rather than the optional fields, because those
+        are what size the GEMMs: two spellings of one layer share one key, and so share best configs and
+        studies.  ``g`` after F marks a gated MLP (fc1 is 2F wide).
+        """
+        gated = "g" if self.gated else ""
+        return (
+            f"h{self.hidden}_tp{self.tp}_mbs{self.mbs}_seq{self.seq}"
+            f"_f{self.ffn}{gated}_q{self.qkv_width}_{self.dtype}_cp{self.cp}"
+        )
+
+    def as_given(self) -> dict[str, object]:
+        """The fields as the user gave them (optional ones None when unset): what a job stores."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
     def label(self) -> str:
         """Short human name, as in preset file names: ``h8192_tp2_mbs1_seqlen4096``."""

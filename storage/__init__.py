@@ -33,7 +33,6 @@ from storage.models import (
     WorkerStatus,
 )
 from storage.page import Page
-from storage.shape_key import ShapeLike, shape_key
 from storage.studies import add_layer_study, get_layer_study, list_layer_studies, update_layer_study
 from storage.trials import (
     LEASE_EXPIRED,
@@ -64,7 +63,6 @@ __all__ = [
     "LeaseLost",
     "NotFound",
     "Page",
-    "ShapeLike",
     "StorageError",
     "Trial",
     "TrialPurpose",
@@ -102,7 +100,6 @@ __all__ = [
     "renew_lease",
     "session_factory",
     "set_job_status",
-    "shape_key",
     "update_layer_study",
     "upgrade",
     "upsert_best",

@@ -15,9 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from overlap_runtime.shape import ModelShape
 from storage.errors import wraps_driver_errors
 from storage.models import BestConfig, utcnow
-from storage.shape_key import ShapeLike, shape_json, shape_key
 
 
 @wraps_driver_errors
@@ -25,7 +25,7 @@ def upsert_best(
     *,
     session: Session,
     gpu: str,
-    shape: ShapeLike,
+    shape: ModelShape,
     slot: str,
     config: Mapping[str, Any],
     measurement: Mapping[str, Any],
@@ -36,14 +36,14 @@ def upsert_best(
     """Record ``config`` as the winner of ``slot`` for ``shape`` on ``gpu`` (the model name, "cpu" for the CPU backend)."""
     row = {
         "gpu": gpu,
-        "shape_key": shape_key(shape),
+        "shape_key": shape.key,
         "slot": slot,
         "hidden": shape.hidden,
         "tp": shape.tp,
         "mbs": shape.mbs,
         "seq": shape.seq,
         "dtype": shape.dtype,
-        "shape": shape_json(shape),
+        "shape": shape.as_given(),
         "config": dict(config),
         "measurement": dict(measurement),
         "spread": None if spread is None else dict(spread),

@@ -14,17 +14,17 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from overlap_runtime.shape import ModelShape
 from storage.errors import Conflict, NotFound, wraps_driver_errors
 from storage.models import ACTIVE_JOB_STATUSES, Backend, Job, JobStatus, LayerStudy, utcnow
 from storage.page import Page, paginate
-from storage.shape_key import ShapeLike, shape_json, shape_key
 
 
 @wraps_driver_errors
 def create_job(
     *,
     session: Session,
-    shape: ShapeLike,
+    shape: ModelShape,
     layers: Sequence[str],
     n_trials: int,
     backend: Backend,
@@ -35,8 +35,8 @@ def create_job(
     now = now or utcnow()
     job = Job(
         id=str(uuid.uuid4()),
-        shape=shape_json(shape),
-        shape_key=shape_key(shape),
+        shape=shape.as_given(),
+        shape_key=shape.key,
         tp=shape.tp,
         gpu=gpu,
         backend=Backend(backend),

@@ -28,7 +28,7 @@ from storage.errors import wraps_driver_errors
 from storage.models import LeaderLease, UTCDateTime, utcnow
 
 SCHEDULER = "scheduler"
-"""The role of the process that runs ask/tell and sweeps leases (`autotune.scheduler`)."""
+"""The role of the process that runs ask/tell and sweeps leases (`api.scheduler`)."""
 
 
 @wraps_driver_errors

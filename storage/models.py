@@ -120,7 +120,7 @@ class Job(Base):
     shape: Mapped[dict[str, Any]]
     """The user's shape: hidden, tp, mbs, seq, ffn_hidden, num_heads, num_query_groups, gated, dtype, cp."""
     shape_key: Mapped[str] = mapped_column(String(128), index=True)
-    """`storage.shape_key.shape_key` of ``shape``."""
+    """`ModelShape.key` of ``shape``."""
     tp: Mapped[int]
     """Copied out of ``shape`` so claims can filter on it in SQL without dialect-specific JSON access."""
     gpu: Mapped[str | None] = mapped_column(String(128))

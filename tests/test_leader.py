@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import storage
-from autotune.scheduler import Scheduler, SchedulerThread
+from api.scheduler import Scheduler, SchedulerThread
 from storage import SCHEDULER, Backend, WorkerStatus
 
 pytest_plugins = ("conftest_storage",)  # db_url, engine, session and the databases they stand on

@@ -8,9 +8,9 @@ import optuna
 
 import storage
 from autotune.studies import SlotStudy
-from autotune.warm_start import neighbour_winners
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.shape import ModelShape, Slot
+from storage.warm_start import neighbour_winners
 
 GPU = "NVIDIA H200"
 SHAPE = ModelShape(hidden=64, tp=2, seq=64)

@@ -1,6 +1,6 @@
 """Tuning jobs: submit (202 and a status URL to poll), list, look at, cancel, page through trials, follow live.
 
-A job is only written here; the scheduler (`autotune.scheduler`) picks it up, creates one study per slot and
+A job is only written here; the scheduler (`api.scheduler`) picks it up, creates one study per slot and
 hands its trials to workers.  Cancel is best effort, as in Google's long-running operations: trials already
 running finish and are kept, nothing new starts.
 """

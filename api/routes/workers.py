@@ -18,7 +18,7 @@ from fastapi import APIRouter, Path, Response, status
 import storage
 from api.deps import Authorized, SessionDep, SettingsDep
 from api.schemas import ClaimPublic, ErrorPublic, LeasePublic, TrialPublicState, TrialReport, WorkerCreate, WorkerPublic
-from autotune.trial_rows import measurement_json, proposal_of
+from api.trial_rows import measurement_json, proposal_of
 from overlap_runtime.errors import InputError
 from storage import Backend
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from autotune.cli.local_token import read_token
 from autotune.cli.shape_options import (
     Cp,
     CpFilter,
@@ -35,7 +36,6 @@ from autotune.cli.shape_options import (
     Tp,
 )
 from autotune.client import DEFAULT_CONTROLLER, ApiError, Client
-from autotune.local_token import read_token
 
 INVALID_STATUSES = (401, 403, 422)
 TERMINAL = ("succeeded", "failed", "cancelled")

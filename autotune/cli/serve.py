@@ -3,14 +3,14 @@
 ``autotune serve --local-worker --backend cpu`` is the whole service in one command on the default SQLite
 database: the controller, plus one worker process on the local GPUs or the CPU backend that it hands its
 token to.  Without ``--token``/``AUTOTUNE_TOKEN`` the controller uses (and on first start creates) the
-token file of `autotune.local_token`, so it is never open by accident; ``--no-auth`` runs it open, on a
+token file of `autotune.cli.local_token`, so it is never open by accident; ``--no-auth`` runs it open, on a
 loopback bind only.
 
 ``--workers N`` serves the API from N uvicorn processes (one core each at most: Python runs one request at
 a time per process).  This command then exports its settings as ``AUTOTUNE_*`` variables (the token too: the
 environment, never argv), migrates the database once, and hands uvicorn `worker_app`, which each process
 builds from that environment.  Every process runs the scheduler loop and the database's scheduler lease lets
-exactly one of them schedule (`autotune.scheduler`); SQLite in WAL mode serves several processes of one
+exactly one of them schedule (`api.scheduler`); SQLite in WAL mode serves several processes of one
 machine.  ``--local-worker`` still starts one tuning worker, from this (uvicorn's supervising) process, not
 one per API process.
 """
@@ -36,8 +36,8 @@ from uvicorn.config import LOGGING_CONFIG
 import storage
 from api.main import app_from_env, create_app
 from api.settings import Settings
+from autotune.cli.local_token import load_or_create_token, token_path
 from autotune.cli.measure import default_backend
-from autotune.local_token import load_or_create_token, token_path
 
 WORKER_STOP_TIMEOUT_S = 10.0
 _CLI_MAIN = "from autotune.cli.app import main; main()"

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 from autotune.cli.client import talking
+from autotune.cli.local_token import read_token
 from autotune.cli.measure import default_backend
-from autotune.local_token import read_token
 from autotune.worker import WorkerOptions, run_worker
 from overlap_runtime.errors import InputError
 

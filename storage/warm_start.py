@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.registry import shape_distance
-from storage import list_winners, shape_key
+from storage.best import list_winners
 
 NEIGHBOURS = 2
 """Winners taken: more would crowd out the sampler's own start-up trials for little gain."""
@@ -22,7 +22,7 @@ def neighbour_winners(
     *, session: Session, gpu: str, shape: ModelShape, slot: Slot, limit: int = NEIGHBOURS
 ) -> tuple[OverlapConfig, ...]:
     """The overlap winners of ``slot`` on ``gpu`` for the shapes nearest ``shape`` (never ``shape`` itself)."""
-    own = shape_key(shape)
+    own = shape.key
     rows = [
         row
         for row in list_winners(session=session, gpu=gpu, slot=Slot(slot).value, tp=shape.tp, dtype=shape.dtype)

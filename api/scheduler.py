@@ -19,7 +19,7 @@ through `SlotStudy.outstanding` and are queued again.
 
 One scheduler drives a database at a time, chosen by the database: every controller process (several
 controllers behind a load balancer, and every process of ``autotune serve --workers N``) runs this loop, and
-each pass begins by claiming the scheduler lease (`autotune.leadership`, `storage.leader`).  The holder renews
+each pass begins by claiming the scheduler lease (`api.leadership`, `storage.leader`).  The holder renews
 it on every pass and does the work above; the others only check, once a pass, whether the lease ran out, and
 take over when it did: within ``AUTOTUNE_LEADER_TTL_S`` (10 s) of a holder that was killed, at once after one
 that stopped cleanly.  A process that takes the lease (or takes it back after losing it) forgets every study it
@@ -44,17 +44,17 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 import storage
+from api.leadership import Leadership
+from api.trial_rows import fastest, measurements_of, proposal_of
 from autotune.gpu import CPU, gpu_matches
-from autotune.leadership import Leadership
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
-from autotune.trial_rows import fastest, measurements_of, proposal_of
-from autotune.warm_start import neighbour_winners
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
 from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialPurpose, TrialState, WorkerStatus
+from storage.warm_start import neighbour_winners
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,82 @@
+"""The packages import one way: runtime <- search spaces <- tuner <- storage <- API <- programs.
+
+Every import in every module (lazy ones inside functions included) is read from the source, and each module
+is placed in the layer of its longest matching prefix.  A module may import its own layer and those below it,
+never one above: so the runtime runs alone on a GPU box, the tuner can be tested without a database, and the
+controller never depends on the CLI that starts it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("runtime", ("overlap_runtime",)),
+    ("search spaces", ("search_spaces",)),
+    ("tuner", ("autotune",)),
+    ("storage", ("storage",)),
+    ("api", ("api",)),
+    # What a user or a node runs, on top of everything: the CLI, the REST client and worker loop that talk to a
+    # controller, and the local driver behind `autotune tune` (it writes winners to storage itself).
+    ("programs", ("autotune.cli", "autotune.client", "autotune.worker", "autotune.local", "autotune.report")),
+)
+PACKAGES = ("overlap_runtime", "search_spaces", "autotune", "storage", "api")
+
+
+def layer_of(module: str) -> int | None:
+    """Index in `LAYERS` of the layer holding ``module`` (longest prefix wins); None for third-party modules."""
+    best: tuple[int, int] | None = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(path: Path) -> set[str]:
+    """Every module ``path`` imports, absolute names, ``from a import b`` counted as a.b when b is a module."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def sources() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def test_every_module_has_a_layer() -> None:
+    assert all(layer_of(module_name(p)) is not None for p in sources())
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_module_imports_no_layer_above_its_own(path: Path) -> None:
+    own = layer_of(module_name(path))
+    assert own is not None
+    upward = sorted(
+        f"{name} ({LAYERS[layer][0]})"
+        for name in imported(path)
+        if (layer := layer_of(name)) is not None and layer > own
+    )
+    assert not upward, f"{module_name(path)} ({LAYERS[own][0]}) imports a layer above it: {', '.join(upward)}"
+
+
+def test_layer_map_knows_a_programs_module_and_a_tuner_module() -> None:
+    # The map itself: the longest prefix decides, so autotune.cli is a program while autotune.studies is the tuner.
+    assert LAYERS[layer_of("autotune.cli.serve")][0] == "programs"  # type: ignore[index]
+    assert LAYERS[layer_of("autotune.studies")][0] == "tuner"  # type: ignore[index]
+    assert layer_of("torch") is None
