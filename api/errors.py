@@ -1,13 +1,15 @@
 """Every error answer has one shape, ``{"detail": [{"field", "rule", "value"}, ...]}``, whatever raised it.
 
-Bad input is a 4xx that names the field and the rule it broke, never a 5xx: pydantic's validation errors
-and our `InputError` become 422, storage's `NotFound` 404, `Conflict` and `LeaseLost` 409.  Only a database
-that fails (`StorageError`) is a 5xx: 503, since retrying later is the right reaction.
+`STATUS` is the one place an exception becomes an HTTP status (docs/rest.md, Errors).  Bad input is a 4xx
+that names the field and the rule it broke, never a 5xx: pydantic's validation errors and our `InputError`
+become 422, storage's `NotFound` 404, `LeaseLost` and `Conflict` 409.  Only a database that fails
+(`StorageError`) is a 5xx: 503, since retrying later is the right reaction.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, status
@@ -17,8 +19,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from overlap_runtime.errors import InputError
-from storage import Conflict, LeaseLost, NotFound, StorageError
+from overlap_runtime.errors import InputError, LeaseLost
+from storage import Conflict, NotFound, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -45,36 +47,38 @@ def _respond(code: int, items: list[dict[str, Any]], headers: dict[str, str] | N
     return JSONResponse(status_code=code, content={"detail": items}, headers=headers)
 
 
-async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+def _validation_items(_request: Request, exc: RequestValidationError) -> list[dict[str, Any]]:
     items = []
     for e in exc.errors():
         loc = [str(p) for p in e.get("loc", ())]
         field = ".".join(loc[1:] if loc and loc[0] in _LOCATIONS and len(loc) > 1 else loc) or "body"
         value = None if e.get("type") == "missing" else e.get("input")
         items.append(error(field, e.get("msg", "is invalid"), value))
-    return _respond(status.HTTP_422_UNPROCESSABLE_CONTENT, items)
+    return items
 
 
-async def _input(_request: Request, exc: InputError) -> JSONResponse:
-    return _respond(status.HTTP_422_UNPROCESSABLE_CONTENT, [error(exc.field, exc.rule, exc.value)])
-
-
-async def _not_found(request: Request, exc: NotFound) -> JSONResponse:
-    field = ", ".join(request.path_params) or "id"
-    return _respond(status.HTTP_404_NOT_FOUND, [error(field, str(exc))])
-
-
-async def _lease_lost(_request: Request, exc: LeaseLost) -> JSONResponse:
-    return _respond(status.HTTP_409_CONFLICT, [error("lease", str(exc))])
-
-
-async def _conflict(_request: Request, exc: Conflict) -> JSONResponse:
-    return _respond(status.HTTP_409_CONFLICT, [error("status", str(exc))])
-
-
-async def _storage(_request: Request, exc: StorageError) -> JSONResponse:
+def _database_items(_request: Request, exc: StorageError) -> list[dict[str, Any]]:
     log.error("database error: %s", exc)
-    return _respond(status.HTTP_503_SERVICE_UNAVAILABLE, [error("database", f"is unavailable: {exc}")])
+    return [error("database", f"is unavailable: {exc}")]
+
+
+ItemsOf = Callable[[Request, Any], list[dict[str, Any]]]
+
+STATUS: dict[type[Exception], tuple[int, ItemsOf]] = {
+    RequestValidationError: (status.HTTP_422_UNPROCESSABLE_CONTENT, _validation_items),
+    InputError: (status.HTTP_422_UNPROCESSABLE_CONTENT, lambda _r, e: [error(e.field, e.rule, e.value)]),
+    NotFound: (status.HTTP_404_NOT_FOUND, lambda r, e: [error(", ".join(r.path_params) or "id", str(e))]),
+    LeaseLost: (status.HTTP_409_CONFLICT, lambda _r, e: [error("lease", str(e))]),
+    Conflict: (status.HTTP_409_CONFLICT, lambda _r, e: [error("status", str(e))]),
+    StorageError: (status.HTTP_503_SERVICE_UNAVAILABLE, _database_items),
+}
+"""Exception class -> (HTTP status, the error items that name what went wrong); the nearest class in the
+raised exception's MRO decides, as Starlette picks handlers (so `NotFound` wins over `StorageError`)."""
+
+
+async def _answer(request: Request, exc: Exception) -> JSONResponse:
+    code, items = next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
+    return _respond(code, items(request, exc))
 
 
 async def _http(request: Request, exc: HTTPException) -> JSONResponse:
@@ -101,11 +105,7 @@ def _allowed_methods(request: Request) -> list[str]:
 
 
 def install(app: FastAPI) -> None:
-    """Register the handlers; the most specific storage errors first (handlers match by class)."""
-    app.add_exception_handler(RequestValidationError, _validation)
-    app.add_exception_handler(InputError, _input)
-    app.add_exception_handler(NotFound, _not_found)
-    app.add_exception_handler(LeaseLost, _lease_lost)
-    app.add_exception_handler(Conflict, _conflict)
-    app.add_exception_handler(StorageError, _storage)
+    """Register `_answer` for every class of `STATUS`, and the answer to Starlette's own HTTP errors."""
+    for cls in STATUS:
+        app.add_exception_handler(cls, _answer)
     app.add_exception_handler(HTTPException, _http)

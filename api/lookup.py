@@ -128,7 +128,7 @@ def nearest(*, registry: PresetRegistry, query: ShapeQuery) -> tuple[Preset, Nea
 
 
 def measured_preset(group: BestGroup) -> Preset:
-    """The preset a measured group exports, under DESIGN.md's export rule (`preset_from_results`)."""
+    """The preset a measured group exports, under the export rule (docs/export.md, `preset_from_results`)."""
     results = {Slot(layer.slot): _slot_result(layer) for layer in group.layers}
     shape = ModelShape(**group.shape)
     return preset_from_results(shape, results, gpu=preset_gpu_name(group.gpu))

@@ -1,8 +1,9 @@
 """A typed client for the controller's REST API, used by the CLI commands and by the worker loop.
 
 Errors come back as `ApiError` carrying the server's ``{"field", "rule", "value"}`` items, so the CLI can
-print ``error: field: rule (got value)`` exactly as it does for local validation errors.  `LeaseLostError`
-is the 409 a worker gets when the trial it measures is no longer its own.  Network failures stay httpx's
+print ``error: field: rule (got value)`` exactly as it does for local validation errors; `RequestRejected`
+is the request's own fault (401, 403, 422).  `LeaseLost` is the 409 a worker gets when the trial it measures
+is no longer its own: the same class storage raises on the controller.  Network failures stay httpx's
 `httpx.TransportError`: the worker retries them (a controller restarting), the CLI reports them.
 """
 
@@ -15,21 +16,33 @@ from typing import Any
 
 import httpx
 
+from overlap_runtime.errors import AutotuneError, LeaseLost
+
 DEFAULT_CONTROLLER = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT_S = 30.0
 
 
-class ApiError(Exception):
+class ApiError(AutotuneError):
     """A 4xx/5xx answer: ``status`` and the server's error items."""
 
     def __init__(self, status: int, items: list[dict[str, Any]]) -> None:
         self.status = status
         self.items = items
-        super().__init__("; ".join(_item_text(i) for i in items) or f"HTTP {status}")
+        super().__init__(_items_text(status, items))
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.status, self.items))
 
 
-class LeaseLostError(ApiError):
-    """409 on a worker call: the lease ran out or the trial went to someone else; drop the trial."""
+class RequestRejected(ApiError):
+    """401, 403 or 422: the controller refused the request itself (its input or its token), not its state."""
+
+
+REJECTED_STATUSES = (httpx.codes.UNAUTHORIZED, httpx.codes.FORBIDDEN, httpx.codes.UNPROCESSABLE_ENTITY)
+
+
+def _items_text(status: int, items: list[dict[str, Any]]) -> str:
+    return "; ".join(_item_text(i) for i in items) or f"HTTP {status}"
 
 
 def _item_text(item: dict[str, Any]) -> str:
@@ -185,7 +198,8 @@ def _params(query: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in query.items() if v is not None}
 
 
-def _error(response: httpx.Response) -> ApiError:
+def _error(response: httpx.Response) -> AutotuneError:
+    """The exception for an error answer: the inverse of `api/errors.py`'s table, as far as callers need it."""
     try:
         detail = response.json().get("detail")
     except (ValueError, AttributeError):
@@ -194,7 +208,7 @@ def _error(response: httpx.Response) -> ApiError:
         items = detail
     else:
         items = [{"field": "response", "rule": f"HTTP {response.status_code}: {response.text[:200]}"}]
-    cls = (
-        LeaseLostError if response.status_code == httpx.codes.CONFLICT and "/trials/" in response.url.path else ApiError
-    )
+    if response.status_code == httpx.codes.CONFLICT and "/trials/" in response.url.path:
+        return LeaseLost(_items_text(response.status_code, items))
+    cls = RequestRejected if response.status_code in REJECTED_STATUSES else ApiError
     return cls(response.status_code, items)

@@ -1,6 +1,7 @@
 """Noise control: the best configs of the search are re-measured together before a winner is declared.
 
-On the GPU machines the same GEMM moved from 1.39 to 1.70 ms back to back (h200_anchors.md), so the search's
+On the GPU machines the same GEMM moved from 1.39 to 1.70 ms back to back (docs/measurement.md, Interleaved finalists),
+so the search's
 ranking, one short measurement per config taken minutes apart, cannot pick between configs a few percent
 apart.  The finalists (the top overlap configs, no overlap, and TE's default) run as one batch, interleaved
 over several rounds (A B C A B C ...), with more repeats: drift hits them alike, and the winner, the

@@ -2,7 +2,7 @@
 
 NVML gives names, memory, the driver and NVLink state; it has no SM count for a full (non-MIG) GPU, so
 that comes from CUDA through torch, joined to NVML by UUID because NVML's index order is not CUDA's
-(``tuning_service.md`` §5).  The controller only hands a worker trials whose GPU model matches its
+(docs/architecture.md, Workers and their GPUs).  The controller only hands a worker trials whose GPU model matches its
 ``gpu_model`` and whose tp fits its ``n_gpus``.
 """
 

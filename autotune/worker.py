@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 
-from autotune.client import ApiError, Client, LeaseLostError
+from autotune.client import ApiError, Client
 from autotune.inventory import worker_body
 from autotune.proposal import Proposal
-from overlap_runtime.errors import InputError, TrialFailure
+from overlap_runtime.errors import InputError, LeaseLost, TrialFailure
 from overlap_runtime.runtime import Runtime
 from overlap_runtime.shape import ModelShape, Slot
 
@@ -119,7 +119,7 @@ class WorkerLoop:
             renewer.stop()
         try:
             self._retrying(lambda: self.client.report(self._id(), trial_id, **report))
-        except LeaseLostError as e:
+        except LeaseLost as e:
             log.warning("result of trial %s dropped: %s", trial_id, e)
         except ApiError as e:
             log.error("result of trial %s refused: %s", trial_id, e)
@@ -196,7 +196,7 @@ class _LeaseRenewer:
         while not self._done.wait(self._every_s):
             try:
                 self._client.renew(self._worker_id, self._trial_id)
-            except LeaseLostError as e:
+            except LeaseLost as e:
                 log.warning("lost the lease of trial %s: %s", self._trial_id, e)
                 return
             except (ApiError, httpx.TransportError) as e:

@@ -6,7 +6,8 @@ Run from the repository root (the script puts the root on ``sys.path`` itself):
     python bench/gemm_bench.py --dry-run [--out X.json]              # no CUDA: list the shapes
 
 What it measures (bf16, random normal inputs, fp32 accumulate):
-  1. every distinct layer GEMM (m, n, k) of the anchor shapes at TP=2 (``h200_anchors.md``), plus 8192^3:
+  1. every distinct layer GEMM (m, n, k) of the anchor shapes at TP=2 (docs/measurement.md, The anchor
+     shapes), plus 8192^3:
      torch.mm (cuBLAS) and `matmul` at all SMs with its heuristic tile config;
   2. 8192^3 with the SM count held to sm-8, sm-16, sm-32, 100 and 66: `matmul` (``num_sms``, a hard bound)
      beside `cublas_matmul` (cuBLASLt SM carve-out, a hint);
@@ -45,7 +46,7 @@ from overlap_runtime.shape import ModelShape, Slot, gemm_dims  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench" / "results" / "gemm_h200.json"
 TP = 2
-ANCHORS = (  # (hidden, seq, ffn): h200_anchors.md, mbs 1; ffn as used for the anchor baselines there
+ANCHORS = (  # (hidden, seq, ffn), mbs 1: docs/measurement.md, The anchor shapes
     (4096, 4096, 14336),
     (8192, 4096, 28672),
     (8192, 8192, 28672),
@@ -90,7 +91,7 @@ def layer_shapes() -> list[GemmShape]:
 
 
 def sm_counts(total: int) -> list[int]:
-    """The held-back SM counts measured on 8192^3 (h200_anchors.md measured 124/116/100/66 of 132)."""
+    """The held-back SM counts measured on 8192^3 (124/116/100/66 of an H200's 132)."""
     wanted = [total - 8, total - 16, total - 32, 100, 66]
     return sorted({c for c in wanted if 1 <= c < total}, reverse=True)
 

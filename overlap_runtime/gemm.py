@@ -14,7 +14,8 @@ output tiles ``pid, pid + num_sms, ...`` (grouped, ``group_m`` rows of tiles at 
 So ``num_sms`` is a *hard bound*: at most ``num_sms`` programs exist, so the GEMM never occupies more than
 ``num_sms`` SMs (the block scheduler puts them on idle SMs first; a 128x256 program with 8 warps and
 ~200 KB of shared memory fills an SM), and the others stay free for communication kernels.  `cublas_matmul` can only *ask* cuBLAS for fewer SMs: it sets PyTorch's SM
-carve-out on the cuBLASLt path (the only path that reads it, ``torch_flux.md`` §2.1), a target that
+carve-out on the cuBLASLt path (the only path that reads it: docs/measurement.md, Holding a GEMM to
+fewer SMs), a target that
 cuBLASLt's heuristic may turn into a different kernel but that is no guarantee of the SMs it uses.
 
 Tiles move by TMA (tensor descriptors built on the host) whenever every operand has unit stride in its
@@ -128,7 +129,7 @@ class GemmTileConfig:
 
 
 LARGE = GemmTileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
-"""Large problems: cuBLAS parity at 8192^3 bf16 on H200 (h200_anchors.md).  Three stages: with TMA the
+"""Large problems: cuBLAS parity at 8192^3 bf16 on H200 (bench/results/gemm_h200.json).  Three stages: with TMA the
 epilogue's [128, 256] staging tile shares the 227 KB of shared memory with them (four do not fit)."""
 MEDIUM = GemmTileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
 """When 128x256 tiles would leave many SMs idle in the last wave."""

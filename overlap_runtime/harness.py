@@ -1,4 +1,4 @@
-"""Timing and numerical checks inside each rank (the measurement contract of DESIGN.md).
+"""Timing and numerical checks inside each rank (the measurement contract: docs/measurement.md).
 
 Every timed region starts with the ranks aligned (`Device.align`), is timed with CUDA events (CPU:
 perf_counter) after warm-up, and is repeated; the slowest rank's time of each repeat counts and the

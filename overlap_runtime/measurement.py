@@ -1,4 +1,4 @@
-"""What every trial reports (DESIGN.md, measurement contract)."""
+"""What every trial reports (the measurement contract: docs/measurement.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The overlap methods, as TE defines them (te_nemo.md §1.6), written once for both backends.
+"""The overlap methods, as TE defines them (docs/te_rules.md, Methods), written once for both backends.
 
 Shapes per rank (T tokens, P = tp, r = this rank, rows = T/P, chunk c = rows [c*rows, (c+1)*rows)):
 

@@ -1,6 +1,6 @@
 """Model shapes and the GEMM each TE userbuffers slot runs on one rank.
 
-Legend (TE's names, `te_nemo.md` §1.7): T = seq*mbs/cp tokens of one TP group, H = hidden, P = tp,
+Legend (TE's names, docs/te_rules.md, Slots): T = seq*mbs/cp tokens of one TP group, H = hidden, P = tp,
 F = ffn_hidden, F1 = F (or 2F for a gated MLP), Q = (heads + 2*query_groups)*head_dim (= 3H for MHA).
 Every communicator's buffer is [T, H]: an all-gather turns [T/P, H] into [T, H], a reduce-scatter
 [T, H] into [T/P, H].  GEMMs are row-major ``out[m, n] = a[m, k] @ b[k, n]``.
@@ -185,7 +185,7 @@ class SlotGemm:
     tp: int
 
 
-# Slots grouped by how their collective relates to the GEMM (te_nemo.md §1.3).
+# Slots grouped by how their collective relates to the GEMM (docs/te_rules.md, Slots).
 _AG_FPROP = (Slot.QKV_FPROP, Slot.FC1_FPROP, Slot.PROJ_DGRAD, Slot.FC2_DGRAD)
 _RS_FPROP = (Slot.PROJ_FPROP, Slot.FC2_FPROP)
 _DGRAD_BULK = (Slot.QKV_DGRAD, Slot.FC1_DGRAD)
@@ -195,7 +195,7 @@ RS_DGRAD_SLOTS = _DGRAD_BULK
 
 
 def gemm_dims(shape: ModelShape, slot: Slot) -> tuple[int, int, int]:
-    """(m, n, k) of the per-rank GEMM, exactly as TE sizes it (te_nemo.md §1.7)."""
+    """(m, n, k) of the per-rank GEMM, exactly as TE sizes it (docs/te_rules.md, Slots)."""
     t, h, p = shape.tokens, shape.hidden, shape.tp
     # A = num_heads * head_dim = hidden for every shape we accept.
     dims = {

@@ -1,6 +1,6 @@
 """The layer catalog: TE's twelve userbuffers slots, what each communicates and which methods TE allows.
 
-Facts from TE's `initialize_ub` (`reference/te_nemo.md` §1.3, §1.5, §6): all-gather slots only run
+Facts from TE's `initialize_ub` (docs/te_rules.md, Slots and Legal methods per slot): all-gather slots only run
 ring_exchange (TE raises for pipeline, bulk fails at the first GEMM); proj_fprop / fc2_fprop take pipeline
 or ring_exchange; qkv_wgrad / fc1_wgrad are bulk only; qkv_dgrad / fc1_dgrad are bulk, or switch to a
 reduce-scatter of their output under ring_exchange / pipeline ("RS-dgrad"), and TE then refuses an entry for
@@ -93,7 +93,8 @@ def search_methods(slot: Slot) -> tuple[Method, ...]:
 
 
 def off_switch(slot: Slot, method: Method) -> str:
-    """How a user turns the overlap of ``slot`` under ``method`` off, in Megatron and in TE (te_nemo.md §5)."""
+    """How a user turns the overlap of ``slot`` under ``method`` off, in Megatron and in TE (docs/te_rules.md,
+    Turning one slot's overlap off)."""
     info = slot_info(slot)
     if uses_rs_dgrad(slot, method):
         return f"{_RS_DGRAD_OFF}; in TE: ub_overlap_rs_dgrad=False on the module"

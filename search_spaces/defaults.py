@@ -32,7 +32,8 @@ _CPU_KNOBS = ("num_splits", "aggregate", "pipeline_rs_overlap_first_gemm")
 
 
 def te_default(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLimits | None = None) -> OverlapConfig:
-    """What TE runs for ``slot`` when ub_cfgs leaves it out (te_nemo.md §1.4), as a runtime config.
+    """What TE runs for ``slot`` when ub_cfgs leaves it out, as a runtime config (docs/te_rules.md, The default
+    ub_cfgs values).
 
     Two adjustments keep it runnable on any shape and device: TE splits the pipeline GEMM into 4 chunks by
     integer division, the runtime needs equal chunks, so num_splits is the largest divisor of the output

@@ -1,4 +1,4 @@
-"""From per-slot tuning results to a preset, under DESIGN.md's export rule.
+"""From per-slot tuning results to a preset, under the export rule (docs/export.md).
 
 NeMo/Megatron YAML and TE's ub_cfgs cannot switch one slot off (a slot left out gets TE's defaults, which
 overlap).  So when no overlap (`Method.NONE`) wins a slot, the preset still carries the slot's best overlap
@@ -39,7 +39,7 @@ class SlotResult:
 
 
 def preset_from_results(shape: ModelShape, results: Mapping[Slot, SlotResult], *, gpu: str | None = None) -> Preset:
-    """The preset a tuning job exports: each slot's winner as a TE entry, with DESIGN.md's notes."""
+    """The preset a tuning job exports: each slot's winner as a TE entry, with the export rule's notes."""
     configs: dict[Slot, OverlapConfig] = {}
     notes: dict[Slot, str] = {}
     for slot, result in ((Slot(s), r) for s, r in results.items()):

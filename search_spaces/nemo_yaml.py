@@ -4,7 +4,8 @@ Megatron passes ``yaml.safe_load`` of this file straight to TE's ``initialize_ub
 silently ignores a slot name it does not know, so reading is strict: unknown slots (with the close name
 suggested), unknown keys, wrong types, methods a slot cannot run, YAML tags, duplicate keys and files over
 1 MiB are errors.  The shape, GPU and dtype come from the file name (NVIDIA's header comments are not
-reliable, te_nemo.md §3.1).  Writing follows NVIDIA's files: a header comment, slots grouped and ordered
+reliable: docs/te_rules.md, NVIDIA's preset files).
+Writing follows NVIDIA's files: a header comment, slots grouped and ordered
 as NVIDIA orders them, NVIDIA's keys per method plus any key that differs from TE's default, flags as 0/1.
 Notes become comments; they are not read back.
 """

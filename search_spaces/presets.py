@@ -1,7 +1,7 @@
 """A preset: one OverlapConfig per TE slot for one shape and GPU, checked against TE's cross-slot rules.
 
 A preset holds TE's *effective* entries (every key TE would use, with TE's defaults filled in; see
-`te_dict.py`), never `Method.NONE` (TE cannot switch one slot off: DESIGN.md export rule) and never our
+`te_dict.py`), never `Method.NONE` (TE cannot switch one slot off: docs/export.md) and never our
 runtime-only knobs (``num_max_streams``, ``gemm``), so it converts to NeMo YAML or a TE ``ub_cfgs`` dict
 without loss.  Slots left out take TE's defaults when TE reads the preset.
 """
@@ -97,7 +97,7 @@ def _check_entry(slot: Slot, config: OverlapConfig) -> None:
 
 
 def check_method(slot: Slot, method: Method) -> None:
-    """Raise unless TE runs ``slot`` with ``method`` (te_nemo.md §1.5 items 5, 8)."""
+    """Raise unless TE runs ``slot`` with ``method`` (docs/te_rules.md, Legal methods per slot)."""
     legal = slot_info(slot).te_methods
     if method not in legal:
         if method == Method.PIPELINE:
@@ -110,7 +110,7 @@ def check_method(slot: Slot, method: Method) -> None:
 
 
 def _check_pairs(configs: Mapping[Slot, OverlapConfig], dtype: str | None) -> None:
-    """TE's rules that involve two slots (te_nemo.md §1.5 items 6-8)."""
+    """TE's rules that involve two slots (docs/te_rules.md: RS-dgrad, External wgrads, Atomic pairs)."""
     for dgrad, wgrad in RS_DGRAD_WGRAD.items():
         if dgrad in configs and wgrad in configs and uses_rs_dgrad(dgrad, configs[dgrad].method):
             raise PresetError(

@@ -14,7 +14,8 @@ Two rules shape every tree:
 - Only what `overlap_runtime.config.check_config` accepts.  The tests check every config of every space
   against it.
 
-Ranges start from NVIDIA's presets (te_nemo.md §3.3) and go beyond them; where crossing every knob with
+Ranges start from NVIDIA's presets (docs/te_rules.md, NVIDIA's preset files) and go beyond them;
+where crossing every knob with
 every other would only multiply near-duplicates, a knob is implied instead of asked (each tree says
 which and why).  Stream priorities (``comm_priority`` / ``gemm_priority``) are left out: no NVIDIA preset
 sets them and TE's defaults (comm highest, GEMM lowest) are what overlap wants.  ``atomic_gemm`` and

@@ -1,6 +1,7 @@
 """TE's ``ub_cfgs`` entries: the keys TE accepts, its defaults, and what it actually runs.
 
-TE merges a user entry over `get_default_config` (te_nemo.md §1.4) and passes it as keyword arguments to
+TE merges a user entry over `get_default_config` (docs/te_rules.md, The default ub_cfgs values) and passes it
+as keyword arguments to
 `add_ub`, so an unknown key is a TypeError, while a key the method does not use is silently ignored.  We
 read entries strictly and store the *effective* entry: the keys the method uses, with TE's defaults filled
 in.  That makes two entries equal exactly when TE runs them the same way, and lets us write an entry with
@@ -38,7 +39,7 @@ TE_KEYS = (
 
 TE_METHODS = (RX, PL, BK, EXT)
 TE_MAX_SMS = 32
-"""userbuffers' NVTE_MAX_SMS: TE's comm kernels are built for at most 32 CTAs (te_nemo.md §1.6)."""
+"""userbuffers' NVTE_MAX_SMS: TE's comm kernels are built for at most 32 CTAs (docs/te_rules.md, NVTE_MAX_SMS = 32)."""
 TE_NUM_MAX_STREAMS = 3
 """TE's fixed `_NUM_MAX_UB_STREAMS`: chunk GEMMs rotate over min(3, chunks) compute streams."""
 
@@ -94,7 +95,7 @@ def effective(slot: Slot, method: Method, given: Mapping[str, Any]) -> OverlapCo
     """What TE runs for ``given`` (keys the method reads): defaults filled in, fp8_buf merged as TE does.
 
     TE honours a user's fp8_buf only for pipeline; all-gather slots always get an FP8 buffer and the other
-    slots never do (base.py merge rule, te_nemo.md §1.4).
+    slots never do (docs/te_rules.md, The fp8_buf merge rule).
     """
     values = te_defaults(slot, method) | dict(given)
     values["fp8_buf"] = collective(slot, method) == AG or (method == PL and bool(values["fp8_buf"]))
@@ -216,7 +217,7 @@ def te_entry(slot: Slot, config: OverlapConfig, *, minimal: bool = False) -> dic
 
 
 def _nvidia_keys(slot: Slot, method: Method) -> tuple[str, ...]:
-    """The keys NVIDIA's preset files always write for a method (te_nemo.md §3.2)."""
+    """The keys NVIDIA's preset files always write for a method (docs/te_rules.md, NVIDIA's preset files)."""
     if method == RX:
         return ("aggregate",) if collective(slot, method) == AG else ("num_sm", "set_sm_margin")
     if method == PL:

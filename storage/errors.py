@@ -1,8 +1,9 @@
 """Storage's exceptions, and the wrapper that turns driver errors into them.
 
-Routes and workers catch `StorageError` and its subclasses only; they never see sqlite3, psycopg or
-SQLAlchemy exceptions.  `NotFound` maps to HTTP 404, `Conflict` to 409, `LeaseLost` tells a worker to drop
-its result (the trial is no longer its), any other `StorageError` is a 5xx.
+Routes and workers catch `StorageError`, its subclasses and `LeaseLost` (a worker's lost claim, defined in
+`overlap_runtime.errors` since the REST client raises it too) only; they never see sqlite3, psycopg or
+SQLAlchemy exceptions.  `api/errors.py` answers `NotFound` with 404,
+`Conflict` with 409 and any other `StorageError` with 503 (docs/rest.md).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import ParamSpec, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from overlap_runtime.errors import AutotuneError
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class StorageError(RuntimeError):
+class StorageError(AutotuneError, RuntimeError):
     """The database refused or failed an operation; ``__cause__`` holds the driver's exception."""
 
 
@@ -29,10 +32,6 @@ class NotFound(StorageError, LookupError):
 
 class Conflict(StorageError):
     """The row exists but is in a state that forbids the change (e.g. cancelling a finished job)."""
-
-
-class LeaseLost(StorageError):
-    """The worker no longer holds the trial: its lease expired or the trial went to someone else."""
 
 
 def wraps_driver_errors(func: Callable[P, R]) -> Callable[P, R]:

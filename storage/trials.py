@@ -25,7 +25,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 
-from storage.errors import Conflict, LeaseLost, NotFound, wraps_driver_errors
+from overlap_runtime.errors import LeaseLost
+from storage.errors import Conflict, NotFound, wraps_driver_errors
 from storage.models import (
     ACTIVE_JOB_STATUSES,
     Backend,

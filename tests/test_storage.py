@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 import storage
+from overlap_runtime.errors import LeaseLost
 from overlap_runtime.shape import ModelShape
 from storage import (
     Backend,
@@ -30,7 +31,6 @@ from storage import (
     Job,
     JobStatus,
     LayerStudy,
-    LeaseLost,
     NotFound,
     StorageError,
     TrialPurpose,

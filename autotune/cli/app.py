@@ -1,19 +1,62 @@
 """The `autotune` console script: thin commands over library calls.
 
-Exit codes: 0 success, 1 failure, 2 usage or validation error, 130 interrupted.
+`EXIT_CODES` is the one place an exception becomes an exit code (docs/cli.md, Errors and exit codes):
+0 success, 1 failure, 2 bad input (ours, the controller's 401/403/422, and click's usage errors), 130
+interrupted.
 """
 
 from __future__ import annotations
 
-import sys
+from typing import Any
 
+import httpx
 import typer
+from typer.core import TyperGroup
 
 from autotune.cli import client, measure, preset, serve, tune, worker
-from overlap_runtime.errors import InputError
+from autotune.client import RequestRejected
+from overlap_runtime.errors import AutotuneError, InputError
 from storage.errors import StorageError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+EXIT_CODES: dict[type[BaseException], int] = {
+    KeyboardInterrupt: 130,  # Ctrl-C, or SIGTERM where a command turns it into one (tune, worker)
+    InputError: 2,
+    RequestRejected: 2,
+    AutotuneError: 1,  # the rest of the tree: StorageError, ApiError, TrialFailure, LeaseLost
+    httpx.TransportError: 1,  # the controller is unreachable
+    OSError: 1,  # a file that cannot be read or written (a read-only --out, say)
+}
+"""Exception class -> exit code; the nearest class in the exception's MRO decides (InputError before
+AutotuneError).  Commands exit 1 themselves where the outcome, not an exception, is the failure."""
+
+
+def exit_code(e: BaseException) -> int:
+    return next(EXIT_CODES[cls] for cls in type(e).__mro__ if cls in EXIT_CODES)
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, StorageError):  # a database the user pointed us at is unreachable or broken
+        return f"database: {e}"
+    if isinstance(e, httpx.TransportError):
+        url = e.request.url
+        return f"controller: cannot reach {url.scheme}://{url.netloc.decode()} ({e})"
+    return str(e)
+
+
+class _ExitCodes(TyperGroup):
+    """Every command, subcommands of `preset` included, runs inside this `invoke`: the one place errors end."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's own click Context, not exported
+        try:
+            return super().invoke(ctx)
+        except tuple(EXIT_CODES) as e:
+            code = exit_code(e)
+            if not isinstance(e, KeyboardInterrupt):
+                typer.echo(f"error: {_message(e)}", err=True)
+            raise typer.Exit(code) from None
+
+
+app = typer.Typer(cls=_ExitCodes, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 app.command("measure")(measure.measure)
 app.add_typer(preset.app, name="preset")
 app.command("serve")(serve.serve)
@@ -24,13 +67,4 @@ for _command in (client.submit, client.status, client.best, client.export, clien
 
 
 def main() -> None:
-    try:
-        app()
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except StorageError as e:  # a database the user pointed us at is unreachable or broken
-        print(f"error: database: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    app()

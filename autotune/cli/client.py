@@ -1,20 +1,16 @@
 """`autotune submit | status | best | export | cancel`: talk to a controller over REST.
 
-Each command is a thin wrapper over `autotune.client.Client`.  The controller's errors are printed as
-``error: <field>: <rule> (got <value>)``; exit codes: 2 for a request the controller rejected as invalid or
-unauthorised (422, 401), 1 for other failures (unknown job, a finished job, the controller unreachable),
-and `status --follow` exits 1 when the job did not succeed.
+Each command is a thin wrapper over `autotune.client.Client`.  The controller's errors propagate to
+`autotune.cli.app`, which prints them as ``error: <field>: <rule> (got <value>)`` and picks the exit code
+(docs/cli.md); `status --follow` exits 1 itself when the job did not succeed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
@@ -35,9 +31,8 @@ from autotune.cli.shape_options import (
     ShapeDtype,
     Tp,
 )
-from autotune.client import DEFAULT_CONTROLLER, ApiError, Client
+from autotune.client import DEFAULT_CONTROLLER, Client
 
-INVALID_STATUSES = (401, 403, 422)
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 Controller = Annotated[str, typer.Option(envvar="AUTOTUNE_CONTROLLER", help="Controller URL (or AUTOTUNE_CONTROLLER)")]
@@ -52,19 +47,6 @@ JobGpu = Annotated[
     typer.Option(help="Only workers whose GPU model this names (NVIDIA H200, or short: h200); default: any worker"),
 ]
 Dtype = Annotated[str | None, typer.Option(help="bf16 | fp8")]
-
-
-@contextlib.contextmanager
-def talking(controller: str) -> Iterator[None]:
-    """Turn the controller's errors into ``error: ...`` on stderr and the CLI's exit codes."""
-    try:
-        yield
-    except ApiError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2 if e.status in INVALID_STATUSES else 1) from None
-    except httpx.TransportError as e:
-        typer.echo(f"error: controller: cannot reach {controller} ({e})", err=True)
-        raise typer.Exit(1) from None
 
 
 def _client(controller: str, token: str | None) -> Client:
@@ -104,7 +86,7 @@ def submit(
     optional = {"ffn_hidden": ffn_hidden, "num_heads": num_heads, "num_query_groups": num_query_groups}
     shape |= {k: v for k, v in optional.items() if v is not None}
     names = None if layers == "all" else [s.strip() for s in layers.split(",") if s.strip()]
-    with talking(controller), _client(controller, token) as client:
+    with _client(controller, token) as client:
         accepted = client.submit(shape=shape, layers=names, n_trials=trials, backend=backend, gpu=gpu)
         typer.echo(json.dumps(accepted) if as_json else accepted["id"])
         if follow:
@@ -119,7 +101,7 @@ def status(
     as_json: AsJson = False,
 ) -> None:
     """Show a job: a live progress bar until it ends (on a terminal), then each slot's best config."""
-    with talking(controller), _client(controller, token) as client:
+    with _client(controller, token) as client:
         if follow:
             _follow(client, job_id, as_json=as_json)
             return
@@ -194,7 +176,7 @@ def best(
     as_json: AsJson = False,
 ) -> None:
     """Each slot's best config for a shape; says so plainly when only the nearest known preset is available."""
-    with talking(controller), _client(controller, token) as client:
+    with _client(controller, token) as client:
         answer = client.best(
             hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype, ffn_hidden=ffn_hidden, num_heads=num_heads,
             num_query_groups=num_query_groups, gated=gated, cp=cp,
@@ -248,7 +230,7 @@ def export(
     token: Token = None,
 ) -> None:
     """Write the shape's preset file (NeMo/Megatron YAML by default) and print its path."""
-    with talking(controller), _client(controller, token) as client:
+    with _client(controller, token) as client:
         preset = client.preset(
             format=format, hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype, ffn_hidden=ffn_hidden,
             num_heads=num_heads, num_query_groups=num_query_groups, gated=gated, cp=cp,
@@ -269,7 +251,7 @@ def cancel(
     as_json: AsJson = False,
 ) -> None:
     """Cancel a job: nothing new starts; trials already running finish and are kept."""
-    with talking(controller), _client(controller, token) as client:
+    with _client(controller, token) as client:
         job = client.cancel(job_id)
     typer.echo(json.dumps(job, indent=2) if as_json else f"job {job['id']}: {job['status']}")
 

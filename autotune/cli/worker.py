@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from autotune.cli.client import talking
 from autotune.cli.local_token import read_token
 from autotune.cli.measure import default_backend
 from autotune.worker import WorkerOptions, run_worker
@@ -42,8 +41,7 @@ def worker(
     options = WorkerOptions(
         backend=backend, name=name, poll_s=poll_s, heartbeat_s=heartbeat_s, trial_timeout_s=trial_timeout_s
     )
-    with talking(controller):
-        run_worker(controller=controller, token=token or read_token(), options=options)
+    run_worker(controller=controller, token=token or read_token(), options=options)
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
