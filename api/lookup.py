@@ -1,73 +1,64 @@
 """Answering "what is the best config for this shape": stored winners first, else the nearest known preset.
 
 Both ``GET /v1/best`` and ``GET /v1/presets`` ask the same question.  A measured answer comes from the best
-configs this service stored for exactly (hidden, tp, mbs, seq); when there are none, the nearest of NVIDIA's
-presets answers instead, and every response says ``measured: false`` with its source and distance, so a
-guess is never passed off as a measurement.
+configs this service stored for exactly (hidden, tp, mbs, seq), narrowed by each filter field given
+(ffn_hidden, gated, cp, ...: `ModelShape`'s fields marked as filters; one left out matches any value); when
+there are none, the nearest of NVIDIA's presets answers instead, and every response says ``measured: false``
+with its source and distance, so a guess is never passed off as a measurement.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 from fastapi import Depends, Query
 from sqlalchemy.orm import Session
 
 import storage
-from api.schemas import BestGroup, BestLayer, NearestPublic
+from api.schemas import BestGroup, BestLayer, NearestPublic, ShapeLookup
 from autotune.gpu import gpu_matches, preset_gpu_name
 from autotune.outcome import SlotOutcome
 from overlap_runtime.config import OverlapConfig
-from overlap_runtime.errors import InputError
-from overlap_runtime.shape import ModelShape, Slot
+from overlap_runtime.errors import InputError, ShapeError
+from overlap_runtime.shape import ModelShape, Slot, shape_fields
 from search_spaces import Preset, PresetRegistry, SlotResult, preset_from_results
 from search_spaces.te_dict import te_entry
 from storage import BestConfig
 
+FILTERS = tuple(f.name for f in shape_fields() if f.facts.filter)
+"""The shape fields a lookup narrows by, in field order."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ShapeQuery:
-    """The shape asked about, and the optional GPU model and dtype filters."""
+    """The shape asked about, the filter fields that were given, and the optional GPU model."""
 
     shape: ModelShape
+    """The fields given, the others at their defaults: the dimensions looked up, and the nearest preset's target."""
+    filters: tuple[tuple[str, object], ...]
+    """(field, value) of each filter given; a stored shape matches when it agrees with every one."""
     gpu: str | None
-    dtype: str | None
-    exact: bool
-    """Whether the optional widths (ffn_hidden, heads, gated, cp) were given: then only that shape key matches."""
+
+    @property
+    def dtype(self) -> str | None:
+        return dict(self.filters).get("dtype")
+
+    def matches(self, stored: ModelShape) -> bool:
+        """Whether ``stored`` agrees with each filter: given the filters' values it stays the same shape key,
+        so a filter agrees with a field that spells the same size another way (ffn_hidden=4*hidden, unset)."""
+        try:
+            return replace(stored, **dict(self.filters)).key == stored.key
+        except ShapeError:  # the filters cannot even describe this shape (num_query_groups without its heads)
+            return False
 
 
-async def shape_query(
-    hidden: Annotated[int, Query(ge=1, le=1 << 20)],
-    tp: Annotated[int, Query(ge=1, le=1024)],
-    seq: Annotated[int, Query(ge=1, le=1 << 24)],
-    mbs: Annotated[int, Query(ge=1, le=1 << 16)] = 1,
-    gpu: Annotated[
-        str | None, Query(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._()/:+-]*$")
-    ] = None,
-    dtype: Annotated[str | None, Query(pattern="^(bf16|fp8)$")] = None,
-    ffn_hidden: Annotated[int | None, Query(ge=1, le=1 << 22)] = None,
-    num_heads: Annotated[int | None, Query(ge=1, le=1 << 16)] = None,
-    num_query_groups: Annotated[int | None, Query(ge=1, le=1 << 16)] = None,
-    gated: bool | None = None,
-    cp: Annotated[int | None, Query(ge=1, le=1024)] = None,
-) -> ShapeQuery:
+async def shape_query(params: Annotated[ShapeLookup, Query()]) -> ShapeQuery:
     """Query parameters -> a validated shape (a 422 naming the field when TE could not run it)."""
-    shape = ModelShape(
-        hidden=hidden,
-        tp=tp,
-        mbs=mbs,
-        seq=seq,
-        ffn_hidden=ffn_hidden,
-        num_heads=num_heads,
-        num_query_groups=num_query_groups,
-        gated=bool(gated),
-        dtype=dtype or "bf16",
-        cp=cp or 1,
-    )
-    exact = any(v is not None for v in (ffn_hidden, num_heads, num_query_groups, gated, cp))
-    return ShapeQuery(shape=shape, gpu=gpu, dtype=dtype, exact=exact)
+    given = params.model_dump(exclude_none=True, exclude={"gpu"})
+    filters = tuple((name, given[name]) for name in FILTERS if name in given)
+    return ShapeQuery(shape=ModelShape(**given), filters=filters, gpu=params.gpu)
 
 
 ShapeQueryDep = Annotated[ShapeQuery, Depends(shape_query)]
@@ -77,10 +68,9 @@ def measured_groups(*, session: Session, query: ShapeQuery) -> list[BestGroup]:
     """The stored winners for the shape, one group per GPU model and shape key, slots in catalog order."""
     s = query.shape
     rows = storage.get_best(session=session, hidden=s.hidden, tp=s.tp, mbs=s.mbs, seq=s.seq, dtype=query.dtype)
+    rows = [r for r in rows if query.matches(ModelShape(**r.shape))]
     if query.gpu is not None:
         rows = [r for r in rows if gpu_matches(r.gpu, query.gpu)]
-    if query.exact:
-        rows = [r for r in rows if r.shape_key == s.key]
     groups: dict[tuple[str, str], list[BestConfig]] = {}
     for row in rows:
         groups.setdefault((row.gpu, row.shape_key), []).append(row)
@@ -150,8 +140,6 @@ def one_group(groups: list[BestGroup]) -> BestGroup:
         raise InputError("gpu", f"several GPU models have results for this shape; pick one of: {', '.join(gpus)}")
     if len(groups) > 1:
         keys = ", ".join(sorted(g.shape_key for g in groups))
-        raise InputError(
-            "ffn_hidden",
-            f"several shapes match; add ffn_hidden, num_heads, num_query_groups, gated or cp to pick one of: {keys}",
-        )
+        names = f"{', '.join(FILTERS[:-1])} or {FILTERS[-1]}"
+        raise InputError(FILTERS[0], f"several shapes match; add {names} to pick one of: {keys}")
     return groups[0]

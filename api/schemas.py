@@ -2,22 +2,24 @@
 
 Every number and string that reaches the database has a bound here, so bad input stops at validation with a
 422 naming the field and the rule, and never reaches a driver as an integer overflow or a NUL byte (a 5xx).
-The bounds are far above any real model: hidden up to 1M, seq up to 16M tokens, tp up to 1024.
+The bounds are far above any real model: hidden up to 1M, seq up to 16M tokens, tp up to 1024.  The shape's
+models are made from `ModelShape`'s fields, so a field added there is in the request and the query at once.
 """
 
 from __future__ import annotations
 
+from dataclasses import MISSING
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from types import NoneType
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from overlap_runtime.shape import ModelShape
+from overlap_runtime.shape import ModelShape, ShapeField, shape_fields
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._()/:+-]*$"
 """GPU models, host and worker names: what NVML and hostnames produce, nothing that breaks a log line."""
 
-Size = Annotated[int, Field(ge=1, le=1 << 20)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 Backend = Literal["cpu", "cuda"]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -30,23 +32,40 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class ShapeCreate(Strict):
-    """A transformer layer shape under tensor + sequence parallelism (`overlap_runtime.shape.ModelShape`)."""
+def _shape_fields(base: type[BaseModel], *, lookup: bool) -> type[BaseModel]:
+    """``base`` with one field per `ModelShape` field (as a ``lookup`` takes them), bounded by its `FieldFacts`."""
+    fields: dict[str, Any] = {}
+    for f in shape_fields(lookup=lookup):
+        value = _value_type(f)
+        default = ... if f.default is MISSING else f.default
+        fields[f.name] = (value if default is not None else value | None, Field(default, description=f.facts.help))
+    return create_model(f"{base.__name__}Shape", __base__=base, **fields)
 
-    hidden: Size
-    tp: Annotated[int, Field(ge=1, le=1024)]
-    mbs: Annotated[int, Field(ge=1, le=1 << 16)] = 1
-    seq: Annotated[int, Field(ge=1, le=1 << 24)]
-    ffn_hidden: Annotated[int, Field(ge=1, le=1 << 22)] | None = None
-    num_heads: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
-    num_query_groups: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
-    gated: bool = False
-    dtype: Literal["bf16", "fp8"] = "bf16"
-    cp: Annotated[int, Field(ge=1, le=1024)] = 1
+
+def _value_type(f: ShapeField) -> Any:
+    """The field's type without None, with the API's bounds: a positive int up to ``most``, a str of ``choices``."""
+    (value,) = [t for t in get_args(f.type) or (f.type,) if t is not NoneType]
+    if f.facts.choices:
+        return Literal[f.facts.choices]
+    if value is int:
+        return Annotated[int, Field(ge=1, le=f.facts.most)]
+    return value
+
+
+class ShapeCreate(_shape_fields(Strict, lookup=False)):  # type: ignore[misc]
+    """A transformer layer shape under tensor + sequence parallelism (`overlap_runtime.shape.ModelShape`)."""
 
     def to_shape(self) -> ModelShape:
         """The validated shape; `ShapeError` (a 422) when the sizes do not divide as TE needs."""
         return ModelShape(**self.model_dump())
+
+
+class ShapeLookup(_shape_fields(BaseModel, lookup=True)):  # type: ignore[misc]
+    """The query of ``GET /v1/best`` and ``GET /v1/presets``: hidden, tp, seq (and mbs) name the dimensions;
+    each filter field given narrows the answer to the shapes that agree with it.  Unknown parameters are
+    ignored, as FastAPI ignores them elsewhere (``format`` of /v1/presets is one)."""
+
+    gpu: Name | None = Field(None, description="GPU model, as NVML names it (NVIDIA H200) or short (h200)")
 
 
 class JobCreate(Strict):

@@ -1,5 +1,7 @@
 """A typed client for the controller's REST API, used by the CLI commands and by the worker loop.
 
+Answers come back as the pydantic models the API serves (`api.schemas`), validated on arrival.
+
 Errors come back as `ApiError` carrying the server's ``{"field", "rule", "value"}`` items, so the CLI can
 print ``error: field: rule (got value)`` exactly as it does for local validation errors; `RequestRejected`
 is the request's own fault (401, 403, 422).  `LeaseLost` is the 409 a worker gets when the trial it measures
@@ -9,17 +11,32 @@ is no longer its own: the same class storage raises on the controller.  Network 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, TypeAdapter
 
+from api.schemas import (
+    BestPublic,
+    ClaimPublic,
+    JobAccepted,
+    JobPublic,
+    LeasePublic,
+    TrialPublic,
+    TrialPublicState,
+    TrialsPage,
+    WorkerPublic,
+)
 from overlap_runtime.errors import AutotuneError, LeaseLost
+from overlap_runtime.shape import ModelShape
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT_S = 30.0
+
+Answer = TypeVar("Answer", bound=BaseModel)
+_WORKERS = TypeAdapter(list[WorkerPublic])
 
 
 class ApiError(AutotuneError):
@@ -87,39 +104,39 @@ class Client:
     def submit(
         self,
         *,
-        shape: dict[str, Any],
+        shape: ModelShape,
         layers: list[str] | None = None,
         n_trials: int | None = None,
         backend: str | None = None,
         gpu: str | None = None,
-    ) -> dict[str, Any]:
-        """Queue a job; returns ``{"id", "status"}``."""
-        body: dict[str, Any] = {"shape": shape}
+    ) -> JobAccepted:
+        """Queue a job for ``shape`` (sent as given: the controller applies the defaults)."""
+        body: dict[str, Any] = {"shape": shape.as_given()}
         optional = {"layers": layers, "n_trials": n_trials, "backend": backend, "gpu": gpu}
         body |= {k: v for k, v in optional.items() if v is not None}
-        return self._call("POST", "/v1/jobs", json=body)
+        return self._call(JobAccepted, "POST", "/v1/jobs", json=body)
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+    def job(self, job_id: str) -> JobPublic:
+        return self._call(JobPublic, "GET", f"/v1/jobs/{job_id}")
 
-    def trials(self, job_id: str, *, limit: int = 1000, offset: int = 0) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}/trials", params={"limit": limit, "offset": offset})
+    def trials(self, job_id: str, *, limit: int = 1000, offset: int = 0) -> TrialsPage:
+        return self._call(TrialsPage, "GET", f"/v1/jobs/{job_id}/trials", params={"limit": limit, "offset": offset})
 
-    def all_trials(self, job_id: str) -> list[dict[str, Any]]:
+    def all_trials(self, job_id: str) -> list[TrialPublic]:
         """Every trial of the job, page after page."""
-        items: list[dict[str, Any]] = []
+        items: list[TrialPublic] = []
         offset: int | None = 0
         while offset is not None:
             page = self.trials(job_id, offset=offset)
-            items += page["items"]
-            offset = page["next_offset"]
+            items += page.items
+            offset = page.next_offset
         return items
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+    def cancel(self, job_id: str) -> JobPublic:
+        return self._call(JobPublic, "POST", f"/v1/jobs/{job_id}/cancel")
 
-    def events(self, job_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        """The job's server-sent events as (event, data) pairs, until the server ends the stream."""
+    def progress(self, job_id: str) -> Iterator[JobPublic]:
+        """The job as its server-sent ``progress`` events show it, until the server ends the stream."""
         with self._http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=httpx.Timeout(None)) as response:
             if response.is_error:
                 response.read()
@@ -129,21 +146,22 @@ class Client:
                 if line.startswith(":"):
                     continue
                 if not line:
-                    if data:
-                        yield event, json.loads("\n".join(data))
+                    if data and event == "progress":
+                        yield JobPublic.model_validate_json("\n".join(data))
                     event, data = "message", []
                 elif line.startswith("event:"):
                     event = line[6:].strip()
                 elif line.startswith("data:"):
                     data.append(line[5:].lstrip())
 
-    def best(self, **query: Any) -> dict[str, Any]:
-        """``GET /v1/best`` with hidden, tp, mbs, seq and optional gpu, dtype, ffn_hidden, num_heads,
-        num_query_groups, gated, cp (None values are left out)."""
-        return self._call("GET", "/v1/best", params=_params(query))
+    def best(self, shape: Mapping[str, object], *, gpu: str | None = None) -> BestPublic:
+        """``GET /v1/best``: ``shape`` holds hidden, tp, seq and any of the other shape fields, each of which
+        narrows the answer (`api.schemas.ShapeLookup`)."""
+        return self._call(BestPublic, "GET", "/v1/best", params=_params({**shape, "gpu": gpu}))
 
-    def preset(self, *, format: str = "nemo", **query: Any) -> PresetFile:
-        response = self._send("GET", "/v1/presets", params=_params(query | {"format": format}))
+    def preset(self, shape: Mapping[str, object], *, gpu: str | None = None, format: str = "nemo") -> PresetFile:
+        """``GET /v1/presets`` for the shape fields, as `best` takes them."""
+        response = self._send("GET", "/v1/presets", params=_params({**shape, "gpu": gpu, "format": format}))
         disposition = response.headers.get("content-disposition", "")
         name = disposition.split('filename="', 1)[1].rstrip('"') if 'filename="' in disposition else None
         return PresetFile(
@@ -152,24 +170,27 @@ class Client:
             file_name=name,
         )
 
-    def workers(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/workers")
+    def workers(self) -> list[WorkerPublic]:
+        return _WORKERS.validate_json(self._send("GET", "/v1/workers").content)
 
     # -- workers ------------------------------------------------------------------------------------
 
-    def register(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/v1/workers", json=body)
+    def register(self, body: Mapping[str, Any]) -> WorkerPublic:
+        """Register a worker (``body`` as `api.schemas.WorkerCreate`, validated by the controller)."""
+        return self._call(WorkerPublic, "POST", "/v1/workers", json=body)
 
-    def heartbeat(self, worker_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/workers/{worker_id}/heartbeat")
+    def heartbeat(self, worker_id: str) -> WorkerPublic:
+        return self._call(WorkerPublic, "POST", f"/v1/workers/{worker_id}/heartbeat")
 
-    def claim(self, worker_id: str) -> dict[str, Any] | None:
+    def claim(self, worker_id: str) -> ClaimPublic | None:
         """A leased trial, or None when there is nothing this worker can run now."""
         response = self._send("POST", f"/v1/workers/{worker_id}/claim")
-        return None if response.status_code == httpx.codes.NO_CONTENT else response.json()
+        if response.status_code == httpx.codes.NO_CONTENT:
+            return None
+        return ClaimPublic.model_validate_json(response.content)
 
-    def renew(self, worker_id: str, trial_id: int) -> dict[str, Any]:
-        return self._call("POST", f"/v1/workers/{worker_id}/trials/{trial_id}/renew")
+    def renew(self, worker_id: str, trial_id: int) -> LeasePublic:
+        return self._call(LeasePublic, "POST", f"/v1/workers/{worker_id}/trials/{trial_id}/renew")
 
     def report(
         self,
@@ -178,14 +199,14 @@ class Client:
         *,
         measurements: list[dict[str, Any]] | None = None,
         failure: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> TrialPublicState:
         body = {"measurements": measurements} if measurements is not None else {"failure": failure}
-        return self._call("POST", f"/v1/workers/{worker_id}/trials/{trial_id}/result", json=body)
+        return self._call(TrialPublicState, "POST", f"/v1/workers/{worker_id}/trials/{trial_id}/result", json=body)
 
     # -- plumbing -----------------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._send(method, path, **kwargs).json()
+    def _call(self, model: type[Answer], method: str, path: str, **kwargs: Any) -> Answer:
+        return model.model_validate_json(self._send(method, path, **kwargs).content)
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from api.schemas import ClaimPublic
 from autotune.client import ApiError, Client
 from autotune.inventory import worker_body
 from autotune.proposal import Proposal
@@ -85,11 +86,12 @@ class WorkerLoop:
 
     def _register(self) -> None:
         body = worker_body(backend=self.options.backend, name=self.options.name)
-        self.worker_id = self._retrying(lambda: self.client.register(body))["id"]
+        worker = self._retrying(lambda: self.client.register(body))
+        self.worker_id = worker.id
         self._reregister.clear()
-        log.info("registered as worker %s (%s)", self.worker_id, body["name"])
+        log.info("registered as worker %s (%s)", worker.id, worker.name)
 
-    def _claim(self) -> dict[str, Any] | None:
+    def _claim(self) -> ClaimPublic | None:
         try:
             return self._retrying(lambda: self.client.claim(self._id()))
         except ApiError as e:
@@ -109,9 +111,9 @@ class WorkerLoop:
             except httpx.TransportError as e:
                 log.warning("heartbeat failed (controller unreachable): %s", e)
 
-    def _run_trial(self, claim: dict[str, Any]) -> None:
-        trial_id = claim["trial_id"]
-        renewer = _LeaseRenewer(client=self.client, worker_id=self._id(), trial_id=trial_id, lease_s=claim["lease_s"])
+    def _run_trial(self, claim: ClaimPublic) -> None:
+        trial_id = claim.trial_id
+        renewer = _LeaseRenewer(client=self.client, worker_id=self._id(), trial_id=trial_id, lease_s=claim.lease_s)
         renewer.start()
         try:
             report = self._measure(claim)
@@ -124,12 +126,12 @@ class WorkerLoop:
         except ApiError as e:
             log.error("result of trial %s refused: %s", trial_id, e)
 
-    def _measure(self, claim: dict[str, Any]) -> dict[str, Any]:
+    def _measure(self, claim: ClaimPublic) -> dict[str, Any]:
         """``{"measurements": [...]}`` or ``{"failure": reason}``: every outcome of a trial is reported."""
         try:
-            shape = ModelShape(**claim["shape"])
-            slot = Slot(claim["slot"])
-            proposal = Proposal.from_dict(claim["proposal"])
+            shape = ModelShape(**claim.shape)
+            slot = Slot(claim.slot)
+            proposal = Proposal.from_dict(claim.proposal)
             measurements = self._runtime_for(shape.tp).measure_many(
                 shape,
                 slot,
@@ -143,7 +145,7 @@ class WorkerLoop:
         except (InputError, ValueError) as e:
             return {"failure": f"rejected by the runtime: {e}"}
         except Exception as e:  # a worker bug must cost one trial, never the worker
-            log.exception("trial %s failed unexpectedly", claim.get("trial_id"))
+            log.exception("trial %s failed unexpectedly", claim.trial_id)
             return {"failure": f"worker error: {type(e).__name__}: {e}"}
         return {"measurements": [m.to_dict() for m in measurements]}
 

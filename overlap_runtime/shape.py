@@ -11,7 +11,8 @@ This module imports no torch, so `search_spaces` and the service can use it on a
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, get_type_hints
 
 from overlap_runtime.errors import ShapeError
 
@@ -41,29 +42,73 @@ class Collective(enum.StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ModelShape:
-    """One (hidden, tp, mbs, seq) shape of a transformer layer under tensor + sequence parallelism."""
+class FieldFacts:
+    """What the API and the CLI need of one `ModelShape` field beyond its name, type and default (it lives in the
+    field's metadata, so the request models, query models and options made from the fields cannot drift)."""
 
-    hidden: int
-    """Model width H."""
-    tp: int
-    """Tensor-parallel size P (ranks in the TP group)."""
-    mbs: int = 1
-    """Micro-batch size."""
-    seq: int
-    """Sequence length."""
-    ffn_hidden: int | None = None
-    """MLP width F; None means 4*hidden."""
-    num_heads: int | None = None
-    """Attention heads; None means the qkv width is 3*hidden (MHA) and heads are not checked."""
-    num_query_groups: int | None = None
-    """GQA key/value groups; None means num_heads (MHA)."""
-    gated: bool = False
-    """Gated MLP (SwiGLU): fc1 is twice as wide."""
-    dtype: str = "bf16"
-    """GEMM input dtype: bf16 or fp8."""
-    cp: int = 1
-    """Context-parallel size: each TP group sees seq/cp tokens."""
+    help: str
+    """The CLI option's help and the API field's description."""
+    most: int | None = None
+    """The API's upper bound of an int field (every int field is positive): far above any real model, so bad
+    input stops at validation and never reaches a database as an integer overflow."""
+    choices: tuple[str, ...] = ()
+    """The values a str field takes."""
+    filter: bool = False
+    """Whether a lookup (best configs, presets) takes the field as a filter, where left out means any value."""
+    filter_help: str | None = None
+    """The help of the filter when it says something else than ``help``."""
+
+
+_FACTS = "facts"
+
+
+def _facts(**facts: Any) -> dict[str, FieldFacts]:
+    return {_FACTS: FieldFacts(**facts)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelShape:
+    """One (hidden, tp, mbs, seq) shape of a transformer layer under tensor + sequence parallelism.
+
+    The one definition of a shape: the API's request and query models and the CLI's options are made from
+    these fields and their `FieldFacts` (`shape_fields`), and the storage key is `key`.
+    """
+
+    hidden: int = field(metadata=_facts(help="Model width H", most=1 << 20))
+    tp: int = field(metadata=_facts(help="Tensor-parallel size", most=1024))
+    mbs: int = field(default=1, metadata=_facts(help="Micro-batch size", most=1 << 16))
+    seq: int = field(metadata=_facts(help="Sequence length", most=1 << 24))
+    ffn_hidden: int | None = field(
+        default=None, metadata=_facts(help="MLP width F (tuning default: 4 x hidden)", most=1 << 22, filter=True)
+    )
+    num_heads: int | None = field(
+        default=None,
+        metadata=_facts(help="Attention heads (tuning default: qkv width 3 x hidden)", most=1 << 16, filter=True),
+    )
+    """None: the qkv width is 3*hidden (MHA) and heads are not checked."""
+    num_query_groups: int | None = field(
+        default=None,
+        metadata=_facts(help="GQA key/value groups (tuning default: num_heads)", most=1 << 16, filter=True),
+    )
+    gated: bool = field(
+        default=False,
+        metadata=_facts(
+            help="Gated MLP (SwiGLU): fc1 is twice as wide",
+            filter=True,
+            filter_help="Only gated (SwiGLU) models, or only the others",
+        ),
+    )
+    dtype: str = field(default="bf16", metadata=_facts(help=" | ".join(DTYPES), choices=DTYPES, filter=True))
+    """GEMM input dtype."""
+    cp: int = field(
+        default=1,
+        metadata=_facts(
+            help="Context-parallel size: each TP group sees seq / cp tokens",
+            most=1024,
+            filter=True,
+            filter_help="Only this context-parallel size",
+        ),
+    )
     ffn: int = field(init=False)
     qkv_width: int = field(init=False)
 
@@ -119,19 +164,9 @@ class ModelShape:
         return 2 * self.ffn if self.gated else self.ffn
 
     def to_dict(self) -> dict[str, object]:
-        """The shape as given, with ffn_hidden resolved: the JSON form the CLI, API and storage use."""
-        return {
-            "hidden": self.hidden,
-            "tp": self.tp,
-            "mbs": self.mbs,
-            "seq": self.seq,
-            "ffn_hidden": self.ffn,
-            "num_heads": self.num_heads,
-            "num_query_groups": self.num_query_groups,
-            "gated": self.gated,
-            "dtype": self.dtype,
-            "cp": self.cp,
-        }
+        """`as_given` with ffn_hidden resolved (4*hidden when not given): how outputs show a shape (`autotune
+        measure`'s record, the nearest preset of a lookup), so that whoever reads them needs no TE default."""
+        return self.as_given() | {"ffn_hidden": self.ffn}
 
     @property
     def key(self) -> str:
@@ -151,13 +186,43 @@ class ModelShape:
         )
 
     def as_given(self) -> dict[str, object]:
-        """The fields as the user gave them (optional ones None when unset): what a job stores."""
+        """The fields as the user gave them (optional ones None when unset): ``ModelShape(**shape.as_given())
+        == shape``, so this is what jobs and best configs store, and what a client sends."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
     def label(self) -> str:
         """Short human name, as in preset file names: ``h8192_tp2_mbs1_seqlen4096``."""
         cp = f"_cp{self.cp}" if self.cp > 1 else ""
         return f"h{self.hidden}_tp{self.tp}{cp}_mbs{self.mbs}_seqlen{self.seq}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShapeField:
+    """One field a shape is given by, with what the API and the CLI need of it."""
+
+    name: str
+    type: Any
+    """The annotation, resolved: int, int | None, bool or str."""
+    default: Any
+    """`dataclasses.MISSING` for a required field."""
+    facts: FieldFacts
+
+    def as_filter(self) -> ShapeField:
+        """The field as a lookup takes it: it may be left out (None: any value), and has the filter's help."""
+        facts = replace(self.facts, help=self.facts.filter_help or self.facts.help)
+        return replace(self, type=self.type | None, default=None, facts=facts)
+
+
+def shape_fields(*, lookup: bool = False) -> tuple[ShapeField, ...]:
+    """`ModelShape`'s fields in order, those derived from them (ffn, qkv_width) left out; as a ``lookup``
+    takes them when asked."""
+    types = get_type_hints(ModelShape)
+    given = [
+        ShapeField(name=f.name, type=types[f.name], default=f.default, facts=f.metadata[_FACTS])
+        for f in fields(ModelShape)
+        if f.init
+    ]
+    return tuple(f.as_filter() if lookup and f.facts.filter else f for f in given)
 
 
 def _positive(name: str, value: object) -> None:

@@ -118,7 +118,7 @@ class Job(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     shape: Mapped[dict[str, Any]]
-    """The user's shape: hidden, tp, mbs, seq, ffn_hidden, num_heads, num_query_groups, gated, dtype, cp."""
+    """The user's shape, as given (`ModelShape.as_given`)."""
     shape_key: Mapped[str] = mapped_column(String(128), index=True)
     """`ModelShape.key` of ``shape``."""
     tp: Mapped[int]

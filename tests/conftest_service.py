@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from api.schemas import JobPublic
 from autotune.client import Client
 
 pytest_plugins = ("conftest_storage",)  # sqlite_url / postgres_url for the tests that load this one
@@ -140,13 +141,13 @@ class Service:
     def wait_until(self, check: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
         return wait_until(check, timeout_s=timeout_s, what=what)
 
-    def wait_for_job(self, job_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
+    def wait_for_job(self, job_id: str, *, timeout_s: float = 120.0) -> JobPublic:
         """Poll the job until it ends; fail with the process logs if it does not."""
         with self.client() as client:
 
-            def ended() -> dict[str, Any] | None:
+            def ended() -> JobPublic | None:
                 job = client.job(job_id)
-                return job if job["status"] in ("succeeded", "failed", "cancelled") else None
+                return job if job.status in ("succeeded", "failed", "cancelled") else None
 
             try:
                 return wait_until(ended, timeout_s=timeout_s, what=f"job {job_id} to end", every_s=0.5)

@@ -18,8 +18,10 @@ import httpx
 import pytest
 import yaml
 
+import storage
 from api.settings import Settings
 from overlap_runtime.errors import InputError
+from overlap_runtime.shape import ModelShape
 
 if TYPE_CHECKING:
     from conftest_service import Service
@@ -186,6 +188,37 @@ def test_an_unmeasured_shape_gets_the_nearest_preset_marked_as_not_measured(http
     assert yaml.safe_load(nemo.text)
     te = http.get("/v1/presets", params={**query, "format": "te"}).json()
     assert te["measured"] is False and te["nearest"]["source"] == best["nearest"]["source"] and te["ub_cfgs"]
+
+
+def test_each_shape_filter_given_narrows_the_measured_answer(http: httpx.Client, idle_service: Service) -> None:
+    """Two models of one (hidden, tp, mbs, seq): a filter left out matches both, and a filter agrees with a
+    stored shape that spells the same size another way (ffn_hidden=4*hidden where it was left unset)."""
+    plain = ModelShape(hidden=64, tp=2, seq=128)
+    gated = ModelShape(hidden=64, tp=2, seq=128, ffn_hidden=192, gated=True)
+    engine = storage.create_engine_for(url=idle_service.db_url)
+    try:
+        with storage.session_factory(engine=engine)() as session:
+            for shape in (plain, gated):
+                config, measurement = {"method": "bulk"}, {"overlap_ms": 1.0, "valid": True}
+                storage.upsert_best(
+                    session=session,
+                    gpu="NVIDIA H200",
+                    shape=shape,
+                    slot="qkv_fprop",
+                    config=config,
+                    measurement=measurement,
+                )
+    finally:
+        engine.dispose()
+
+    def keys(**filters: Any) -> list[str]:
+        answer = http.get("/v1/best", params={"hidden": 64, "tp": 2, "seq": 128, **filters}).json()
+        return sorted(group["shape_key"] for group in answer["results"])
+
+    assert keys() == keys(num_heads=8, cp=1, dtype="bf16") == sorted([plain.key, gated.key])  # both agree with these
+    assert keys(gated="true") == keys(ffn_hidden=192) == keys(ffn_hidden=192, gated="true") == [gated.key]
+    assert keys(gated="false") == keys(ffn_hidden=256) == [plain.key]
+    assert keys(ffn_hidden=192, gated="false") == keys(dtype="fp8") == keys(gpu="A100") == []
 
 
 def test_a_shape_query_te_cannot_run_is_a_422(http: httpx.Client) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import storage
+from overlap_runtime.shape import ModelShape
 from storage import SCHEDULER, LeaderLease
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 pytest_plugins = ("conftest_service",)  # make_service, sqlite_url, postgres_url
 
-TINY_SHAPE = {"hidden": 64, "tp": 2, "mbs": 1, "seq": 32}
+TINY_SHAPE = ModelShape(hidden=64, tp=2, seq=32)
 LEADER_TTL_S = 3.0
 """``AUTOTUNE_LEADER_TTL_S`` of the test controllers."""
 TAKE_OVER_SLACK_S = 3.0
@@ -35,7 +36,7 @@ LEADS = "holds the scheduler role"
 def submit_tiny_job(service: Service, *, n_trials: int = 3) -> str:
     with service.client() as client:
         job = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop", "proj_fprop"], n_trials=n_trials, backend="cpu")
-        return job["id"]
+        return job.id
 
 
 def lease_of(service: Service) -> LeaderLease | None:
@@ -81,7 +82,7 @@ def test_serve_with_two_api_processes_runs_a_job_with_exactly_one_scheduling(mak
     service.start_worker()
     job_id = submit_tiny_job(service)
     job = service.wait_for_job(job_id)
-    assert job["status"] == "succeeded", job
+    assert job.status == "succeeded", job
     lease = lease_of(service)
     assert lease is not None, "nobody holds the scheduler lease"
     assert pid_of(lease.holder) in processes, (lease.holder, processes)
@@ -100,7 +101,7 @@ def test_serve_with_two_api_processes_starts_one_local_worker(make_service, sqli
         service.wait_until(lambda: client.workers(), timeout_s=60, what="the local worker to register")
         time.sleep(3)  # a worker per API process would have registered by now too: they start together
         (worker,) = client.workers()
-    assert worker["backend"] == "cpu"
+    assert worker.backend == "cpu"
 
 
 def test_a_killed_scheduling_controller_is_replaced_within_the_ttl(make_service, postgres_url: str) -> None:
@@ -115,7 +116,7 @@ def test_a_killed_scheduling_controller_is_replaced_within_the_ttl(make_service,
     job_id = submit_tiny_job(standing_by, n_trials=4)
     with standing_by.client() as client:
         standing_by.wait_until(
-            lambda: sum(t["state"] == "complete" for t in client.all_trials(job_id)) >= 2,
+            lambda: sum(t.state == "complete" for t in client.all_trials(job_id)) >= 2,
             timeout_s=90,
             what="two complete trials",
         )
@@ -129,7 +130,7 @@ def test_a_killed_scheduling_controller_is_replaced_within_the_ttl(make_service,
     )
     assert time.monotonic() - killed <= LEADER_TTL_S + TAKE_OVER_SLACK_S
     job = standing_by.wait_for_job(job_id)
-    assert job["status"] == "succeeded", job
+    assert job.status == "succeeded", job
     lease = lease_of(standing_by)
     assert lease is not None and lease.term == 2 and lease.holder != leader.holder
 

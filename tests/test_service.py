@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import storage
+from api.schemas import TrialPublic
 from api.views import trial_view
 from overlap_runtime.config import Method, OverlapConfig
-from overlap_runtime.shape import Slot
+from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import parse_nemo
 from search_spaces.te_dict import te_config
 from storage import LEASE_EXPIRED
@@ -27,23 +28,23 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 pytest_plugins = ("conftest_service",)  # make_service, sqlite_url, postgres_url
 
-TINY_SHAPE = {"hidden": 64, "tp": 2, "mbs": 1, "seq": 32}
+TINY_SHAPE = ModelShape(hidden=64, tp=2, seq=32)
 TWO_SLOTS = ["qkv_fprop", "proj_fprop"]
 
 
 def submit_tiny_job(service: Service, *, n_trials: int = 4) -> str:
     with service.client() as client:
-        return client.submit(shape=TINY_SHAPE, layers=TWO_SLOTS, n_trials=n_trials, backend="cpu")["id"]
+        return client.submit(shape=TINY_SHAPE, layers=TWO_SLOTS, n_trials=n_trials, backend="cpu").id
 
 
-def trials_of(service: Service, job_id: str) -> list[dict[str, Any]]:
+def trials_of(service: Service, job_id: str) -> list[TrialPublic]:
     with service.client() as client:
         return client.all_trials(job_id)
 
 
-def measured_pairs(trial: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def measured_pairs(trial: TrialPublic) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(config, measurement) of each config a complete trial measured."""
-    return list(zip(trial["config"]["configs"], trial["measurement"]["measurements"], strict=True))
+    return list(zip(trial.config["configs"], trial.measurement["measurements"], strict=True))
 
 
 def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> None:
@@ -52,39 +53,37 @@ def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> Non
     trials = trials_of(service, job_id)
     with service.client() as client:
         job = client.job(job_id)
-        best = client.best(**TINY_SHAPE)
-        preset = client.preset(**TINY_SHAPE)
-    assert best["measured"] and preset.measured
-    (group,) = best["results"]
-    assert group["gpu"] == "cpu"
-    assert [layer["slot"] for layer in group["layers"]] == TWO_SLOTS
+        best = client.best(TINY_SHAPE.as_given())
+        preset = client.preset(TINY_SHAPE.as_given())
+    assert best.measured and preset.measured
+    (group,) = best.results
+    assert group.gpu == "cpu"
+    assert [layer.slot for layer in group.layers] == TWO_SLOTS
     yaml_configs = parse_nemo(preset.text).configs
-    for layer in group["layers"]:
+    for layer in group.layers:
         holders = [
             t
             for t in trials
-            if t["slot"] == layer["slot"]
-            and t["state"] == "complete"
-            and (layer["config"], layer["measurement"]) in measured_pairs(t)
+            if t.slot == layer.slot and t.state == "complete" and (layer.config, layer.measurement) in measured_pairs(t)
         ]
-        assert holders, f"{layer['slot']}: the best config was not measured by any stored trial"
+        assert holders, f"{layer.slot}: the best config was not measured by any stored trial"
         valid = [m["overlap_ms"] for _, m in measured_pairs(holders[0]) if m["valid"]]
-        assert layer["measurement"]["overlap_ms"] == min(valid)
-        slot_view = next(s for s in job["slots"] if s["slot"] == layer["slot"])
-        assert slot_view["best"]["final"] and slot_view["best"]["config"] == layer["config"]
-        assert slot_view["best"]["trial_id"] == holders[0]["id"]
-        carried = layer["config"]
-        if layer["config"]["method"] == Method.NONE:
-            carried = layer["outcome"]["best_overlap"]
-            assert f"# {layer['slot']}: no overlap was" in preset.text
-        slot = Slot(layer["slot"])
+        assert layer.measurement["overlap_ms"] == min(valid)
+        slot_view = next(s for s in job.slots if s.slot == layer.slot)
+        assert slot_view.best.final and slot_view.best.config == layer.config
+        assert slot_view.best.trial_id == holders[0].id
+        carried = layer.config
+        if layer.config["method"] == Method.NONE:
+            carried = layer.outcome["best_overlap"]
+            assert f"# {layer.slot}: no overlap was" in preset.text
+        slot = Slot(layer.slot)
         assert yaml_configs[slot] == te_config(slot, OverlapConfig.from_dict(carried))
 
 
-def assert_each_trial_claimed_once(trials: list[dict[str, Any]]) -> None:
+def assert_each_trial_claimed_once(trials: list[TrialPublic]) -> None:
     """One claim per row (a second claim would count a second attempt), one result per proposal."""
-    assert all(t["attempts"] == 1 for t in trials if t["state"] != "waiting"), trials
-    done = Counter((t["slot"], t["optuna_trial_number"]) for t in trials if t["state"] == "complete")
+    assert all(t.attempts == 1 for t in trials if t.state != "waiting"), trials
+    done = Counter((t.slot, t.optuna_trial_number) for t in trials if t.state == "complete")
     assert all(n == 1 for n in done.values()), done
 
 
@@ -94,8 +93,8 @@ def test_tiny_job_on_sqlite_succeeds_and_its_best_and_yaml_match_the_trials(make
     service.start_worker()
     job_id = submit_tiny_job(service)
     job = service.wait_for_job(job_id)
-    assert job["status"] == "succeeded", job
-    assert job["progress"]["fraction"] == 1.0
+    assert job.status == "succeeded", job
+    assert job.progress.fraction == 1.0
     assert_best_and_yaml_agree_with_trials(service, job_id)
     assert_each_trial_claimed_once(trials_of(service, job_id))
 
@@ -107,10 +106,10 @@ def test_four_workers_on_postgres_never_share_a_trial(make_service, postgres_url
         service.start_worker()
     job_id = submit_tiny_job(service)
     job = service.wait_for_job(job_id, timeout_s=180)
-    assert job["status"] == "succeeded", job
+    assert job.status == "succeeded", job
     trials = trials_of(service, job_id)
     assert_each_trial_claimed_once(trials)
-    assert len({t["worker_id"] for t in trials}) >= 2, "the four workers did not share the work"
+    assert len({t.worker_id for t in trials}) >= 2, "the four workers did not share the work"
     assert_best_and_yaml_agree_with_trials(service, job_id)
     with service.client() as client:
         assert len(client.workers()) == 4
@@ -123,25 +122,25 @@ def test_a_trial_whose_worker_is_killed_is_retried_after_its_lease(make_service,
     job_id = submit_tiny_job(service)
     # Its first trial includes starting the TP group (seconds on the CPU backend): kill it in there.
     running = service.wait_until(
-        lambda: [t for t in trials_of(service, job_id) if t["state"] == "running"], timeout_s=60, what="a running trial"
+        lambda: [t for t in trials_of(service, job_id) if t.state == "running"], timeout_s=60, what="a running trial"
     )
-    before = {t["id"]: t for t in trials_of(service, job_id) if t["state"] == "complete"}
+    before = {t.id: t for t in trials_of(service, job_id) if t.state == "complete"}
     doomed.kill9()
     service.start_worker()
     job = service.wait_for_job(job_id)
-    assert job["status"] == "succeeded", job
-    trials = {t["id"]: t for t in trials_of(service, job_id)}
+    assert job.status == "succeeded", job
+    trials = {t.id: t for t in trials_of(service, job_id)}
     for lost in running:
-        assert trials[lost["id"]]["state"] == "failed"
-        assert trials[lost["id"]]["error"] == LEASE_EXPIRED
+        assert trials[lost.id].state == "failed"
+        assert trials[lost.id].error == LEASE_EXPIRED
         retried = [
             t
             for t in trials.values()
-            if t["id"] > lost["id"] and t["state"] == "complete" and t["config"]["configs"] == lost["config"]["configs"]
+            if t.id > lost.id and t.state == "complete" and t.config["configs"] == lost.config["configs"]
         ]
-        assert retried, f"trial {lost['id']} was never measured again"
+        assert retried, f"trial {lost.id} was never measured again"
     for trial_id, trial in before.items():
-        assert trials[trial_id]["measurement"] == trial["measurement"], "a completed trial was lost"
+        assert trials[trial_id].measurement == trial.measurement, "a completed trial was lost"
     assert_best_and_yaml_agree_with_trials(service, job_id)
 
 
@@ -151,31 +150,31 @@ def test_a_controller_restarted_mid_job_finishes_it(make_service, postgres_url: 
     service.start_worker()
     job_id = submit_tiny_job(service, n_trials=6)
     service.wait_until(
-        lambda: sum(t["state"] == "complete" for t in trials_of(service, job_id)) >= 3,
+        lambda: sum(t.state == "complete" for t in trials_of(service, job_id)) >= 3,
         timeout_s=90,
         what="three complete trials",
     )
     assert service.controller is not None
     service.controller.kill9()
-    before = {t["id"]: t for t in trials_of_db(service, job_id) if t["state"] == "complete"}
+    before = {t.id: t for t in trials_of_db(service, job_id) if t.state == "complete"}
     service.start_controller()
     job = service.wait_for_job(job_id)
-    assert job["status"] == "succeeded", job
-    trials = {t["id"]: t for t in trials_of(service, job_id)}
+    assert job.status == "succeeded", job
+    trials = {t.id: t for t in trials_of(service, job_id)}
     for trial_id, trial in before.items():
-        assert trials[trial_id]["measurement"] == trial["measurement"], "a completed trial was lost"
+        assert trials[trial_id].measurement == trial.measurement, "a completed trial was lost"
     assert_each_trial_claimed_once(list(trials.values()))
     assert_best_and_yaml_agree_with_trials(service, job_id)
 
 
-def trials_of_db(service: Service, job_id: str) -> list[dict[str, Any]]:
+def trials_of_db(service: Service, job_id: str) -> list[TrialPublic]:
     """The job's trials read from the database itself, while no controller is up to answer."""
     engine = storage.create_engine_for(url=service.db_url)
     try:
         with storage.session_factory(engine=engine)() as session:
             slots = {s.id: s.slot for s in storage.list_layer_studies(session=session, job_id=job_id)}
             page = storage.list_trials(session=session, job_id=job_id, limit=1000)
-            return [trial_view(t, slots=slots).model_dump(mode="json") for t in page.items]
+            return [trial_view(t, slots=slots) for t in page.items]
     finally:
         engine.dispose()
 
@@ -197,12 +196,12 @@ def test_a_job_may_name_its_gpu_by_the_short_name_and_runs_on_that_model_only(ma
                 "n_gpus": 2,
             }
         )
-        h200 = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cuda", gpu="h200")["id"]
-        a100 = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cuda", gpu="A100")["id"]
+        h200 = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cuda", gpu="h200").id
+        a100 = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cuda", gpu="A100").id
         job = service.wait_until(
-            lambda: (j := client.job(h200))["status"] == "running" and j, timeout_s=30, what="the h200 job to start"
+            lambda: (j := client.job(h200)).status == "running" and j, timeout_s=30, what="the h200 job to start"
         )
-        assert job["gpu"] == "NVIDIA H200"
-        claim = service.wait_until(lambda: client.claim(worker["id"]), timeout_s=30, what="a claim")
-        assert claim["job_id"] == h200
-        assert client.job(a100)["status"] == "queued" and client.job(a100)["gpu"] == "A100"
+        assert job.gpu == "NVIDIA H200"
+        claim = service.wait_until(lambda: client.claim(worker.id), timeout_s=30, what="a claim")
+        assert claim.job_id == h200
+        assert client.job(a100).status == "queued" and client.job(a100).gpu == "A100"

@@ -8,6 +8,7 @@ import pytest
 
 from autotune.inventory import gpu_inventory, worker_body
 from overlap_runtime.errors import InputError
+from overlap_runtime.shape import ModelShape
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,14 +48,14 @@ def test_hung_trials_are_reported_and_the_worker_goes_on(make_service: Callable[
     service.start_controller()
     worker = service.start_worker(extra=["--trial-timeout-s", "0.01"])
     with service.client() as client:
-        shape = {"hidden": 64, "tp": 2, "mbs": 1, "seq": 32}
-        cuda_job = client.submit(shape=shape, layers=["qkv_fprop"], n_trials=2, backend="cuda")["id"]
-        job_id = client.submit(shape=shape, layers=["qkv_fprop"], n_trials=2, backend="cpu")["id"]
+        shape = ModelShape(hidden=64, tp=2, seq=32)
+        cuda_job = client.submit(shape=shape, layers=["qkv_fprop"], n_trials=2, backend="cuda").id
+        job_id = client.submit(shape=shape, layers=["qkv_fprop"], n_trials=2, backend="cpu").id
         job = service.wait_for_job(job_id)
         trials = client.all_trials(job_id)
-        assert job["status"] == "failed" and "qkv_fprop" in job["error"], job
-        assert len(trials) >= 2 and all(t["state"] == "failed" and t["error"].startswith("hung") for t in trials)
+        assert job.status == "failed" and "qkv_fprop" in job.error, job
+        assert len(trials) >= 2 and all(t.state == "failed" and t.error.startswith("hung") for t in trials)
         assert worker.popen.poll() is None, "the worker died"
-        assert client.job(cuda_job)["status"] == "queued"
+        assert client.job(cuda_job).status == "queued"
         (registered,) = client.workers()
-        assert registered["status"] != "lost"
+        assert registered.status != "lost"

@@ -7,7 +7,6 @@ Each command is a thin wrapper over `autotune.client.Client`.  The controller's 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,22 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from api.schemas import JobPublic
 from autotune.cli.local_token import read_token
-from autotune.cli.shape_options import (
-    Cp,
-    CpFilter,
-    FfnHidden,
-    Gated,
-    GatedFilter,
-    Hidden,
-    Mbs,
-    NumHeads,
-    NumQueryGroups,
-    Seq,
-    ShapeDtype,
-    Tp,
-)
+from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, Client
+from overlap_runtime.shape import ModelShape
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -46,24 +34,15 @@ JobGpu = Annotated[
     str | None,
     typer.Option(help="Only workers whose GPU model this names (NVIDIA H200, or short: h200); default: any worker"),
 ]
-Dtype = Annotated[str | None, typer.Option(help="bf16 | fp8")]
 
 
 def _client(controller: str, token: str | None) -> Client:
     return Client(controller, token=token or read_token())
 
 
+@takes_shape
 def submit(
-    hidden: Hidden,
-    tp: Tp,
-    seq: Seq,
-    mbs: Mbs = 1,
-    ffn_hidden: FfnHidden = None,
-    num_heads: NumHeads = None,
-    num_query_groups: NumQueryGroups = None,
-    gated: Gated = False,
-    dtype: ShapeDtype = "bf16",
-    cp: Cp = 1,
+    shape: ModelShape,
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,fc2_fprop)")] = "all",
     trials: Annotated[int | None, typer.Option(help="Trials per slot (controller default: 30)")] = None,
     backend: Annotated[str | None, typer.Option(help="cpu | cuda (controller default)")] = None,
@@ -74,23 +53,12 @@ def submit(
     as_json: AsJson = False,
 ) -> None:
     """Queue a tuning job and print its id."""
-    shape: dict[str, Any] = {
-        "hidden": hidden,
-        "tp": tp,
-        "mbs": mbs,
-        "seq": seq,
-        "gated": gated,
-        "dtype": dtype,
-        "cp": cp,
-    }
-    optional = {"ffn_hidden": ffn_hidden, "num_heads": num_heads, "num_query_groups": num_query_groups}
-    shape |= {k: v for k, v in optional.items() if v is not None}
     names = None if layers == "all" else [s.strip() for s in layers.split(",") if s.strip()]
     with _client(controller, token) as client:
         accepted = client.submit(shape=shape, layers=names, n_trials=trials, backend=backend, gpu=gpu)
-        typer.echo(json.dumps(accepted) if as_json else accepted["id"])
+        typer.echo(accepted.model_dump_json() if as_json else accepted.id)
         if follow:
-            _follow(client, accepted["id"], as_json=as_json)
+            _follow(client, accepted.id, as_json=as_json)
 
 
 def status(
@@ -113,7 +81,7 @@ def _follow(client: Client, job_id: str, *, as_json: bool) -> None:
     """Follow the job's events (a progress bar on a terminal), print it, exit 1 unless it succeeded."""
     job = client.job(job_id)
     console = Console(stderr=True)
-    if job["status"] not in TERMINAL:
+    if job.status not in TERMINAL:
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),
@@ -123,88 +91,75 @@ def _follow(client: Client, job_id: str, *, as_json: bool) -> None:
         )
         with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
             task = bar.add_task(f"job {job_id[:8]}", total=1.0, done="")
-            while job["status"] not in TERMINAL:
-                for event, data in client.events(job_id):
-                    if event == "progress":
-                        job = data
-                        done = f"{job['progress']['done']}/{job['progress']['total']} trials, {job['status']}"
-                        bar.update(task, completed=job["progress"]["fraction"], done=done)
+            while job.status not in TERMINAL:
+                for job in client.progress(job_id):
+                    done = f"{job.progress.done}/{job.progress.total} trials, {job.status}"
+                    bar.update(task, completed=job.progress.fraction, done=done)
                 job = client.job(job_id)  # the stream ended: done, or the server closed it (then follow again)
     _print_job(job, as_json=as_json)
-    if job["status"] != "succeeded":
+    if job.status != "succeeded":
         raise typer.Exit(1)
 
 
-def _print_job(job: dict[str, Any], *, as_json: bool) -> None:
+def _print_job(job: JobPublic, *, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(job, indent=2))
+        typer.echo(job.model_dump_json(indent=2))
         return
-    p = job["progress"]
-    typer.echo(f"job {job['id']}: {job['status']} ({p['done']}/{p['total']} trials, {p['fraction']:.0%})")
-    if job.get("error"):
-        typer.echo(f"error: {job['error']}")
+    p = job.progress
+    typer.echo(f"job {job.id}: {job.status} ({p.done}/{p.total} trials, {p.fraction:.0%})")
+    if job.error:
+        typer.echo(f"error: {job.error}")
     table = Table("slot", "status", "trials", "best config", "overlap ms", "serial ms", "")
-    for s in job["slots"]:
-        best = s["best"]
-        m = best["measurement"] if best else {}
+    for s in job.slots:
+        best = s.best
+        m = best.measurement if best else {}
         table.add_row(
-            s["slot"],
-            s["status"],
-            f"{s['n_complete']} ok / {s['n_failed']} failed",
-            _config_text(best["config"]) if best else "-",
+            s.slot,
+            s.status,
+            f"{s.n_complete} ok / {s.n_failed} failed",
+            _config_text(best.config) if best else "-",
             _ms(m.get("overlap_ms")),
             _ms(m.get("serial_ms")),
-            ("final" if best["final"] else "so far") if best else "",
+            ("final" if best.final else "so far") if best else "",
         )
     Console().print(table)
 
 
+@takes_shape_filter
 def best(
-    hidden: Hidden,
-    tp: Tp,
-    seq: Seq,
-    mbs: Mbs = 1,
+    shape: dict[str, object],
     gpu: Gpu = None,
-    dtype: Dtype = None,
-    ffn_hidden: FfnHidden = None,
-    num_heads: NumHeads = None,
-    num_query_groups: NumQueryGroups = None,
-    gated: GatedFilter = None,
-    cp: CpFilter = None,
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
     """Each slot's best config for a shape; says so plainly when only the nearest known preset is available."""
     with _client(controller, token) as client:
-        answer = client.best(
-            hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype, ffn_hidden=ffn_hidden, num_heads=num_heads,
-            num_query_groups=num_query_groups, gated=gated, cp=cp,
-        )  # fmt: skip
+        answer = client.best(shape, gpu=gpu)
     if as_json:
-        typer.echo(json.dumps(answer, indent=2))
+        typer.echo(answer.model_dump_json(indent=2))
         return
-    if not answer["measured"]:
-        near = answer["nearest"]
+    if answer.nearest is not None:
+        near = answer.nearest
         typer.echo(
-            f"warning: NOT MEASURED: nothing was tuned for this shape; nearest known preset {near['source']} "
-            f"({near['distance']:g} doublings away)",
+            f"warning: NOT MEASURED: nothing was tuned for this shape; nearest known preset {near.source} "
+            f"({near.distance:g} doublings away)",
             err=True,
         )
         table = Table("slot", "config (TE entry)", "note")
-        for layer in answer["nearest_layers"]:
-            table.add_row(layer["slot"], _config_text(layer["config"]), layer.get("note") or "")
+        for layer in answer.nearest_layers:
+            table.add_row(layer.slot, _config_text(layer.config), layer.note or "")
         Console().print(table)
         return
-    for group in answer["results"]:
+    for group in answer.results:
         table = Table(
-            "slot", "best config", "overlap ms", "serial ms", "hidden", title=f"{group['gpu']} {group['shape_key']}"
+            "slot", "best config", "overlap ms", "serial ms", "hidden", title=f"{group.gpu} {group.shape_key}"
         )
-        for layer in group["layers"]:
-            m = layer["measurement"]
+        for layer in group.layers:
+            m = layer.measurement or {}
             table.add_row(
-                layer["slot"],
-                _config_text(layer["config"]),
+                layer.slot,
+                _config_text(layer.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
                 f"{m['hidden_frac']:.0%}" if m.get("hidden_frac") is not None else "-",
@@ -212,18 +167,10 @@ def best(
         Console().print(table)
 
 
+@takes_shape_filter
 def export(
-    hidden: Hidden,
-    tp: Tp,
-    seq: Seq,
-    mbs: Mbs = 1,
+    shape: dict[str, object],
     gpu: Gpu = None,
-    dtype: Dtype = None,
-    ffn_hidden: FfnHidden = None,
-    num_heads: NumHeads = None,
-    num_query_groups: NumQueryGroups = None,
-    gated: GatedFilter = None,
-    cp: CpFilter = None,
     format: Annotated[str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON)")] = "nemo",
     out: Annotated[Path, typer.Option(help="File to write, or a folder for NVIDIA's file name")] = Path("."),
     controller: Controller = DEFAULT_CONTROLLER,
@@ -231,10 +178,7 @@ def export(
 ) -> None:
     """Write the shape's preset file (NeMo/Megatron YAML by default) and print its path."""
     with _client(controller, token) as client:
-        preset = client.preset(
-            format=format, hidden=hidden, tp=tp, mbs=mbs, seq=seq, gpu=gpu, dtype=dtype, ffn_hidden=ffn_hidden,
-            num_heads=num_heads, num_query_groups=num_query_groups, gated=gated, cp=cp,
-        )  # fmt: skip
+        preset = client.preset(shape, gpu=gpu, format=format)
     if not preset.measured:
         typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
     if out.is_dir():
@@ -253,7 +197,7 @@ def cancel(
     """Cancel a job: nothing new starts; trials already running finish and are kept."""
     with _client(controller, token) as client:
         job = client.cancel(job_id)
-    typer.echo(json.dumps(job, indent=2) if as_json else f"job {job['id']}: {job['status']}")
+    typer.echo(job.model_dump_json(indent=2) if as_json else f"job {job.id}: {job.status}")
 
 
 def _config_text(config: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from autotune.cli.shape_options import Cp, FfnHidden, Gated, Hidden, Mbs, NumHeads, NumQueryGroups, Seq, ShapeDtype, Tp
+from autotune.cli.shape_options import takes_shape
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.errors import InputError, TrialFailure
 from overlap_runtime.runtime import Runtime, available_gpus
@@ -19,19 +19,11 @@ def default_backend() -> str:
     return "cuda" if available_gpus() > 0 else "cpu"
 
 
+@takes_shape
 def measure(
     layer: Annotated[str, typer.Option(help="Layer slot, e.g. qkv_fprop")],
-    hidden: Hidden,
-    tp: Tp,
-    seq: Seq,
+    shape: ModelShape,
     method: Annotated[str | None, typer.Option(help="none | ring_exchange | pipeline | bulk")] = None,
-    mbs: Mbs = 1,
-    ffn_hidden: FfnHidden = None,
-    num_heads: NumHeads = None,
-    num_query_groups: NumQueryGroups = None,
-    gated: Gated = False,
-    dtype: ShapeDtype = "bf16",
-    cp: Cp = 1,
     num_sm: Annotated[int | None, typer.Option()] = None,
     num_splits: Annotated[int | None, typer.Option()] = None,
     num_max_streams: Annotated[int | None, typer.Option()] = None,
@@ -61,18 +53,6 @@ def measure(
         slot = Slot(layer)
     except ValueError:
         raise InputError("layer", f"must be one of {', '.join(s.value for s in Slot)}", layer) from None
-    shape = ModelShape(
-        hidden=hidden,
-        tp=tp,
-        mbs=mbs,
-        seq=seq,
-        ffn_hidden=ffn_hidden,
-        num_heads=num_heads,
-        num_query_groups=num_query_groups,
-        gated=gated,
-        dtype=dtype,
-        cp=cp,
-    )
     backend = backend or default_backend()
     knobs = {
         "num_sm": num_sm,
@@ -100,7 +80,7 @@ def measure(
             use_ce=False if no_ce else None,
             set_sm_margin=num_sm is not None and not no_sm_margin,
         )
-    with Runtime(tp=tp, backend=backend) as runtime:
+    with Runtime(tp=shape.tp, backend=backend) as runtime:
         try:
             result = runtime.measure(shape, slot, config, repeats=repeats)
             record = {"valid": result.valid, **result.to_dict()}

@@ -1,26 +1,40 @@
-"""The model-shape options of every command that takes a shape, defined once (typer reads them from each
-command's signature, so the commands list them, but their flags and help live here)."""
+"""The model-shape options of every command that takes a shape, made from `ModelShape`'s fields (`takes`).
+
+`takes_shape` gives a command that tunes or measures a validated `ModelShape`; `takes_shape_filter` gives a
+lookup (best, export) the fields given, since there a field left out means any value and the controller
+validates the rest.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from dataclasses import MISSING
+from typing import TypeVar
 
-import typer
+from autotune.cli.field_options import REQUIRED, FieldOption, takes
+from overlap_runtime.shape import ModelShape, shape_fields
 
-Hidden = Annotated[int, typer.Option(help="Model width H")]
-Tp = Annotated[int, typer.Option(help="Tensor-parallel size")]
-Seq = Annotated[int, typer.Option(help="Sequence length")]
-Mbs = Annotated[int, typer.Option(help="Micro-batch size")]
-# Left out, these mean TE's defaults when a shape is tuned, and "any" when results are looked up.
-FfnHidden = Annotated[int | None, typer.Option(help="MLP width F (tuning default: 4 x hidden)")]
-NumHeads = Annotated[int | None, typer.Option(help="Attention heads (tuning default: qkv width 3 x hidden)")]
-NumQueryGroups = Annotated[int | None, typer.Option(help="GQA key/value groups (tuning default: num_heads)")]
-Gated = Annotated[bool, typer.Option("--gated", help="Gated MLP (SwiGLU): fc1 is twice as wide")]
-ShapeDtype = Annotated[str, typer.Option(help="bf16 | fp8")]
-Cp = Annotated[int, typer.Option(help="Context-parallel size: each TP group sees seq / cp tokens")]
+Command = TypeVar("Command", bound=Callable)
 
-# Lookups (best, export): only the results of the model that these name, when several were tuned.
-GatedFilter = Annotated[
-    bool | None, typer.Option("--gated/--not-gated", help="Only gated (SwiGLU) models, or only the others")
-]
-CpFilter = Annotated[int | None, typer.Option("--cp", help="Only this context-parallel size")]
+
+def takes_shape(command: Command) -> Command:
+    """The command's ``shape`` parameter becomes the shape's options (``--hidden``, ``--tp``, ...)."""
+    return takes("shape", _options(lookup=False), ModelShape)(command)
+
+
+def takes_shape_filter(command: Command) -> Command:
+    """The command's ``shape`` parameter becomes the lookup's options; it gets the fields given, by name."""
+    return takes("shape", _options(lookup=True), _given)(command)
+
+
+def _options(*, lookup: bool) -> list[FieldOption]:
+    return [
+        FieldOption(
+            name=f.name, type=f.type, help=f.facts.help, default=REQUIRED if f.default is MISSING else f.default
+        )
+        for f in shape_fields(lookup=lookup)
+    ]
+
+
+def _given(**values: object) -> dict[str, object]:
+    return {name: value for name, value in values.items() if value is not None}

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from autotune import local
 from autotune.cli.measure import default_backend
-from autotune.cli.shape_options import Cp, FfnHidden, Gated, Hidden, Mbs, NumHeads, NumQueryGroups, Seq, ShapeDtype, Tp
+from autotune.cli.shape_options import takes_shape
 from autotune.report import outcome_table
 from overlap_runtime.shape import ModelShape
 
@@ -21,17 +21,9 @@ PIPE_WIDTH = 200
 """Table width when printing to a pipe or a file: rich's 80 columns would cut the knobs off."""
 
 
+@takes_shape
 def tune(
-    hidden: Hidden,
-    tp: Tp,
-    seq: Seq,
-    mbs: Mbs = 1,
-    ffn_hidden: FfnHidden = None,
-    num_heads: NumHeads = None,
-    num_query_groups: NumQueryGroups = None,
-    gated: Gated = False,
-    dtype: ShapeDtype = "bf16",
-    cp: Cp = 1,
+    shape: ModelShape,
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,proj_fprop)")] = "all",
     trials: Annotated[int, typer.Option(min=1, help="Configs measured per slot at most")] = local.DEFAULT_TRIALS,
     backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
@@ -42,18 +34,6 @@ def tune(
 ) -> None:
     """Tune every layer slot of a shape locally; run it again with the same arguments to resume."""
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops like Ctrl-C: the TP group is shut down, exit 130
-    shape = ModelShape(
-        hidden=hidden,
-        tp=tp,
-        mbs=mbs,
-        seq=seq,
-        ffn_hidden=ffn_hidden,
-        num_heads=num_heads,
-        num_query_groups=num_query_groups,
-        gated=gated,
-        dtype=dtype,
-        cp=cp,
-    )
     request = local.TuneRequest(
         shape=shape,
         out=out,
