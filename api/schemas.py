@@ -266,8 +266,30 @@ class LeasePublic(BaseModel):
     lease_expires_at: datetime
 
 
+Samples = Annotated[list[Finite | None], Field(max_length=1 << 16)]
+Positions = Annotated[list[Annotated[int, Field(ge=0, le=1 << 48)]], Field(max_length=1 << 12)]
+
+
+class SeriesCreate(Strict):
+    """`overlap_runtime.uncertainty.Series.to_dict()`: every repeat, and where each round ran."""
+
+    samples: Annotated[list[Finite], Field(min_length=1, max_length=1 << 16)]
+    positions: Positions = []
+
+
+class BaselinesCreate(Strict):
+    """`overlap_runtime.measurement.Baselines.to_dict()`: what a measurement is scored against."""
+
+    source: Literal["same_rounds", "cached"]
+    collective: Literal["all_gather", "reduce_scatter"]
+    gemm: SeriesCreate
+    comm: SeriesCreate
+    serial: SeriesCreate
+
+
 class MeasurementCreate(Strict):
-    """One config's `overlap_runtime.measurement.Measurement.to_dict()`; None stands for an infinite time."""
+    """One config's `overlap_runtime.measurement.Measurement.to_dict()`; None stands for an infinite time.
+    ``positions``, ``baselines`` and ``hidden_ci`` came later: a worker that leaves them out is still heard."""
 
     gemm_ms: Finite | None
     comm_ms: Finite | None
@@ -277,7 +299,10 @@ class MeasurementCreate(Strict):
     cv: Finite | None
     repeats: Annotated[int, Field(ge=0, le=1 << 20)]
     valid: bool
-    samples: Annotated[list[Finite | None], Field(max_length=1 << 16)] = []
+    samples: Samples = []
+    positions: Positions = []
+    baselines: BaselinesCreate | None = None
+    hidden_ci: Annotated[list[Finite], Field(min_length=2, max_length=2)] | None = None
     exposed_ms: Finite | None = None
     hidden_frac: Finite | None = None
 

@@ -27,7 +27,7 @@ from autotune.proposal import Proposal, Purpose
 from autotune.studies import SlotStudy
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import ConfigError, TrialFailure
-from overlap_runtime.measurement import Measurement
+from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.runtime import Runtime
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import tunable_slots
@@ -55,6 +55,7 @@ class Measurer(Protocol):
         repeats: int = ...,
         warmup: int = ...,
         rounds: int = ...,
+        baselines: BaselineSource = ...,
     ) -> list[Measurement]: ...
 
 
@@ -66,7 +67,12 @@ def drive(
     while (proposal := pending.pop(0) if pending else study.ask()) is not None:
         try:
             measured = measurer.measure_many(
-                study.shape, study.slot, list(proposal.configs), repeats=proposal.repeats, rounds=proposal.rounds
+                study.shape,
+                study.slot,
+                list(proposal.configs),
+                repeats=proposal.repeats,
+                rounds=proposal.rounds,
+                baselines=proposal.baselines,
             )
         except TrialFailure as e:
             study.tell(proposal, failure=e.reason)

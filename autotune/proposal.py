@@ -12,6 +12,7 @@ from typing import Any
 
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.errors import InputError
+from overlap_runtime.measurement import BaselineSource
 
 
 class Purpose(enum.StrEnum):
@@ -47,6 +48,12 @@ class Proposal:
         for name in ("repeats", "rounds"):
             if getattr(self, name) < 1:
                 raise InputError(name, "must be a positive integer", getattr(self, name))
+
+    @property
+    def baselines(self) -> BaselineSource:
+        """The finalists, whose numbers decide and are reported, are scored against baselines timed in their
+        own rounds; a baseline or search trial, which only ranks, against the cheaper cached ones."""
+        return BaselineSource.SAME_ROUNDS if self.purpose == Purpose.FINALIST else BaselineSource.CACHED
 
     def to_dict(self) -> dict[str, Any]:
         return {

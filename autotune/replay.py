@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import random
-import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from autotune.gpu import CPU
 from autotune.studies import SlotStudy
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError, TrialFailure
-from overlap_runtime.measurement import Measurement
+from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.space import SlotSpace, slot_space
 
@@ -121,8 +120,10 @@ class ReplayBackend:
         repeats: int = 20,
         warmup: int = 5,
         rounds: int = 1,
+        baselines: BaselineSource = BaselineSource.SAME_ROUNDS,
     ) -> list[Measurement]:
-        """Like `Runtime.measure_many` (``warmup`` has nothing to warm here); one failure fails them all."""
+        """Like `Runtime.measure_many` (``warmup`` has nothing to warm here, and ``baselines`` nothing to time:
+        the recorded ones are kept); one failure fails them all."""
         landscape = self._landscapes.get((shape.key, Slot(slot)))
         if landscape is None:
             raise InputError(
@@ -137,12 +138,4 @@ class ReplayBackend:
     def _draw(self, recorded: Measurement, n: int) -> Measurement:
         if not recorded.samples:
             raise InputError("samples", "a replayed landscape needs every repeat's time (record it again)")
-        samples = self._rng.choices(recorded.samples, k=n)
-        mean = statistics.fmean(samples)
-        return replace(
-            recorded,
-            overlap_ms=statistics.median(samples),
-            cv=statistics.pstdev(samples) / mean if mean > 0 else 0.0,
-            repeats=n,
-            samples=tuple(samples),
-        )
+        return recorded.resampled(tuple(self._rng.choices(recorded.samples, k=n)))

@@ -139,6 +139,7 @@ class WorkerLoop:
                 repeats=proposal.repeats,
                 warmup=self.options.warmup,
                 rounds=proposal.rounds,
+                baselines=proposal.baselines,
             )
         except TrialFailure as e:
             return {"failure": e.reason}

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.environment import environment
 from bench.overlap_bench import ANCHORS
 from overlap_runtime.errors import TrialFailure
+from overlap_runtime.measurement import BaselineSource
 from overlap_runtime.runtime import Runtime
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.space import slot_space
@@ -31,7 +32,8 @@ def record(rt: Runtime, shape: ModelShape, slot: Slot, *, repeats: int) -> dict:
     rows = []
     for config in space.configs():
         try:
-            m = rt.measure(shape, slot, config, repeats=repeats, warmup=3)
+            # Scored as search trials are (the tuner replays these as its trials): against cached baselines.
+            m = rt.measure(shape, slot, config, repeats=repeats, warmup=3, baselines=BaselineSource.CACHED)
             rows.append({"config": config.to_dict(), "measurement": m.to_dict()})
         except TrialFailure as e:
             rows.append({"config": config.to_dict(), "error": e.reason})

@@ -21,9 +21,10 @@ import torch.distributed as dist
 from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
 from overlap_runtime.device import Device, Timer
 from overlap_runtime.group import RankContext
-from overlap_runtime.measurement import REL_ERR_LIMIT, Measurement
+from overlap_runtime.measurement import REL_ERR_LIMIT, Baselines, BaselineSource, Measurement
 from overlap_runtime.methods import BULK_GATHERED, Operands, Plan, comm_only, gemm_only, run, serial
 from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
+from overlap_runtime.uncertainty import Series
 
 ROTATE_BYTES = 128 << 20
 """Inputs rotate over enough sets to cover this many bytes: over twice an H200's 50 MB L2."""
@@ -139,12 +140,6 @@ def time_region(
     return torch.stack(every).max(dim=0).values.tolist()
 
 
-def spread(samples: list[float]) -> float:
-    """Coefficient of variation: std / mean."""
-    mean = statistics.fmean(samples)
-    return statistics.pstdev(samples) / mean if mean > 0 else 0.0
-
-
 def _rel_err(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     num = sum(float((g.double() - w.double()).norm() ** 2) for g, w in zip(got, want, strict=True))
     den = sum(float(w.double().norm() ** 2) for w in want)
@@ -152,6 +147,48 @@ def _rel_err(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor]) -> 
     worst = torch.tensor([err if math.isfinite(err) else math.inf], dtype=torch.float64, device=dev.device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     return float(worst.item())
+
+
+@dataclass(kw_only=True)
+class _Timed:
+    """One timed thing's repeats as they accumulate, round after round, and where each round ran."""
+
+    samples: list[float] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+    def time(self, ctx: RankContext, dev: Device, ops: Operands, sets: list, fn: Callable[[], None], **timing) -> None:
+        """One round: ``fn`` timed by `time_region`, at the group's next position."""
+        position = ctx.state.get("timed_regions", 0)
+        ctx.state["timed_regions"] = position + 1
+        self.samples += time_region(dev, ops, sets, fn, **timing)
+        self.positions.append(position)
+
+    def series(self) -> Series:
+        return Series(samples=tuple(self.samples), positions=tuple(self.positions))
+
+
+_BASELINES = (("gemm", gemm_only), ("comm", comm_only), ("serial", serial))
+"""What a config is scored against, timed in this order: `Measurement.gemm_ms`, ``comm_ms``, ``serial_ms``."""
+
+
+@dataclass(kw_only=True)
+class _Problem:
+    """One problem's baselines as they are timed: on the operands of the first config that runs it."""
+
+    ops: Operands
+    sets: list
+    timed: dict[str, _Timed] = field(default_factory=lambda: {name: _Timed() for name, _ in _BASELINES})
+
+    def time(self, ctx: RankContext, dev: Device, **timing) -> None:
+        for name, fn in _BASELINES:
+            self.timed[name].time(ctx, dev, self.ops, self.sets, lambda fn=fn: fn(dev, self.ops), **timing)
+
+    def baselines(self, source: BaselineSource) -> Baselines:
+        return Baselines(
+            source=source,
+            collective=self.ops.gemm.collective,
+            **{name: timed.series() for name, timed in self.timed.items()},
+        )
 
 
 @dataclass(kw_only=True)
@@ -163,7 +200,7 @@ class _Candidate:
     sets: list
     plan: Plan
     rel_err: float = math.nan
-    samples: list[float] = field(default_factory=list)
+    timed: _Timed = field(default_factory=_Timed)
 
     def call(self, dev: Device) -> None:
         if self.config.method == Method.NONE:
@@ -182,11 +219,15 @@ def measure_task(
     warmup: int = 5,
     rounds: int = 1,
     seed: int = 0,
+    baselines: BaselineSource = BaselineSource.SAME_ROUNDS,
 ) -> list[Measurement]:
     """Measure ``configs`` for ``slot`` of ``shape`` on this TP group; every rank returns the same list.
 
-    With ``rounds`` > 1 the configs are timed interleaved (A B C A B C ...), ``repeats`` per round, so slow
-    drift of the machine (clocks, neighbours) hits every config alike.
+    The configs are timed interleaved over ``rounds`` (A B C A B C ...), ``repeats`` per round, so slow drift
+    of the machine (clocks, neighbours) hits every config alike.  Each config is scored against its own
+    problem's GEMM, collective and serial run (a reduce-scatter dgrad against its reduce-scatter):
+    `BaselineSource.SAME_ROUNDS` times them in every round after the configs (A B C gemm comm serial A B C
+    gemm comm serial ...), `BaselineSource.CACHED` once per process and problem, after the first batch.
     """
     dev = device_of(ctx)
     limits = limits_task(ctx)
@@ -198,27 +239,30 @@ def measure_task(
         candidates.append(_Candidate(config=config, ops=ops, sets=sets, plan=Plan.resolve(config, dev)))
     for c in candidates:
         c.rel_err = _check_numerics(dev, c)
+    problems: dict[SlotGemm, _Problem] = {}
+    for c in candidates:
+        problems.setdefault(c.ops.gemm, _Problem(ops=c.ops, sets=c.sets))
+    timing = {"repeats": repeats, "warmup": warmup}
+    same_rounds = baselines == BaselineSource.SAME_ROUNDS
     for _ in range(rounds):
         for c in candidates:
-            c.samples += time_region(dev, c.ops, c.sets, lambda c=c: c.call(dev), repeats=repeats, warmup=warmup)
+            c.timed.time(ctx, dev, c.ops, c.sets, lambda c=c: c.call(dev), **timing)
+        for p in problems.values() if same_rounds else ():
+            p.time(ctx, dev, **timing)
+    scored = {
+        gemm: p.baselines(baselines) if same_rounds else _cached(ctx, dev, p, seed, timing)
+        for gemm, p in problems.items()
+    }
     limit = REL_ERR_LIMIT["bf16"]
-    results = []
-    for c in candidates:
-        gemm_ms, comm_ms, serial_ms = _baselines(ctx, dev, c, seed=seed, repeats=repeats, warmup=warmup)
-        results.append(
-            Measurement(
-                gemm_ms=gemm_ms,
-                comm_ms=comm_ms,
-                serial_ms=serial_ms,
-                overlap_ms=statistics.median(c.samples),
-                rel_err=c.rel_err,
-                cv=spread(c.samples),
-                repeats=len(c.samples),
-                valid=math.isfinite(c.rel_err) and c.rel_err <= limit,
-                samples=tuple(c.samples),
-            )
+    return [
+        Measurement.measured(
+            overlap=c.timed.series(),
+            baselines=scored[c.ops.gemm],
+            rel_err=c.rel_err,
+            valid=math.isfinite(c.rel_err) and c.rel_err <= limit,
         )
-    return results
+        for c in candidates
+    ]
 
 
 def _check_numerics(dev: Device, c: _Candidate) -> float:
@@ -235,17 +279,12 @@ def _check_numerics(dev: Device, c: _Candidate) -> float:
     return _rel_err(dev, outputs, reference)
 
 
-def _baselines(
-    ctx: RankContext, dev: Device, c: _Candidate, *, seed: int, repeats: int, warmup: int
-) -> tuple[float, float, float]:
-    """gemm_ms, comm_ms, serial_ms of the candidate's problem, measured once per process and problem."""
+def _cached(ctx: RankContext, dev: Device, p: _Problem, seed: int, timing: dict) -> Baselines:
+    """``p``'s baselines timed once per process and problem (one round), then reused: search trials' cheap
+    reference, which says so (`BaselineSource.CACHED`)."""
     cache = ctx.state.setdefault("baselines", {})
-    key = (c.ops.gemm, seed)
+    key = (p.ops.gemm, seed)
     if key not in cache:
-        cache[key] = tuple(
-            statistics.median(
-                time_region(dev, c.ops, c.sets, lambda fn=fn: fn(dev, c.ops), repeats=repeats, warmup=warmup)
-            )
-            for fn in (gemm_only, comm_only, serial)
-        )
+        p.time(ctx, dev, **timing)
+        cache[key] = p.baselines(BaselineSource.CACHED)
     return cache[key]

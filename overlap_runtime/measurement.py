@@ -1,26 +1,78 @@
-"""What every trial reports (the measurement contract: docs/measurement.md)."""
+"""What every trial reports (the measurement contract; docs/measurement.md, "Baselines and uncertainty")."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from overlap_runtime.shape import Collective
+from overlap_runtime.uncertainty import REPLICATES, Series, hidden, hidden_replicates, percentile_interval
+
 REL_ERR_LIMIT = {"bf16": 2e-2}
 """Largest relative error (||out - ref|| / ||ref||) against the serial reference that counts as correct."""
+_TIMES = ("gemm_ms", "comm_ms", "serial_ms", "overlap_ms", "rel_err", "cv")
+"""The float fields, stored as None when not finite (JSON has no infinity)."""
+
+
+class BaselineSource(enum.StrEnum):
+    """Where a measurement's gemm / comm / serial times come from."""
+
+    SAME_ROUNDS = "same_rounds"
+    """Timed in the same interleaved rounds as the config (config(s) gemm comm serial, round after round)."""
+    CACHED = "cached"
+    """Timed once per process and problem, beside the first config of that problem: cheap, for search trials;
+    drift between that moment and this config's is in the numbers."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Baselines:
+    """The problem's GEMM alone, collective alone and both back to back, with every repeat."""
+
+    source: BaselineSource
+    collective: Collective
+    """The collective that ``comm`` timed: the config's own problem's (a reduce-scatter dgrad's is a
+    reduce-scatter, the bulk dgrad's an all-gather)."""
+    gemm: Series
+    comm: Series
+    serial: Series
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", BaselineSource(self.source))
+        object.__setattr__(self, "collective", Collective(self.collective))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source.value,
+            "collective": self.collective.value,
+            **{name: getattr(self, name).to_dict() for name in ("gemm", "comm", "serial")},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Baselines:
+        return cls(
+            source=BaselineSource(data["source"]),
+            collective=Collective(data["collective"]),
+            **{name: Series.from_dict(data[name]) for name in ("gemm", "comm", "serial")},
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Measurement:
-    """One config of one slot of one shape on one TP group; times in ms, slowest rank, median of repeats."""
+    """One config of one slot of one shape on one TP group; times in ms, slowest rank, median of repeats.
+
+    Results stored before baselines were kept with their repeats load with ``baselines`` and ``hidden_ci``
+    None: their gemm / comm / serial times were cached per process and problem.
+    """
 
     gemm_ms: float
-    """The full GEMM alone, all SMs, the library GEMM (cached per shape and slot)."""
+    """The full GEMM alone, all SMs, the library GEMM: the median of ``baselines.gemm``."""
     comm_ms: float
-    """The collective alone, NCCL / gloo (cached per shape and slot)."""
+    """The collective alone, NCCL / gloo: the median of ``baselines.comm``."""
     serial_ms: float
-    """Collective and GEMM back to back: what you pay without overlap."""
+    """Collective and GEMM back to back: what you pay without overlap (the median of ``baselines.serial``)."""
     overlap_ms: float
     """The overlapped op under this config."""
     rel_err: float
@@ -31,7 +83,56 @@ class Measurement:
     valid: bool
     """False when the output is wrong (rel_err over the limit or not finite): never a best config."""
     samples: tuple[float, ...] = ()
-    """Every repeat's slowest-rank time (ms): the raw data behind overlap_ms and cv."""
+    """Every repeat's slowest-rank time (ms), round after round: the raw data behind overlap_ms and cv."""
+    positions: tuple[int, ...] = ()
+    """Where each round of ``samples`` ran in the group's sequence of timed regions (`Series.positions`)."""
+    baselines: Baselines | None = None
+    """The baselines this measurement is scored against, with their repeats and where they came from."""
+    hidden_ci: tuple[float, float] | None = None
+    """95% bootstrap interval of `hidden_frac` (`uncertainty.hidden_replicates`); None when not computed
+    (results from before, replays)."""
+
+    @classmethod
+    def measured(cls, *, overlap: Series, baselines: Baselines, rel_err: float, valid: bool) -> Measurement:
+        """The measurement of ``overlap`` scored against ``baselines``: medians, spread and hidden interval."""
+        replicates = hidden_replicates(
+            overlap, baselines.gemm, baselines.comm, paired=baselines.source == BaselineSource.SAME_ROUNDS
+        )
+        return cls(
+            gemm_ms=baselines.gemm.median,
+            comm_ms=baselines.comm.median,
+            serial_ms=baselines.serial.median,
+            overlap_ms=overlap.median,
+            rel_err=rel_err,
+            cv=overlap.cv,
+            repeats=len(overlap.samples),
+            valid=valid,
+            samples=overlap.samples,
+            positions=overlap.positions,
+            baselines=baselines,
+            hidden_ci=percentile_interval(replicates) if all(map(math.isfinite, replicates)) else None,
+        )
+
+    def resampled(self, samples: tuple[float, ...]) -> Measurement:
+        """This config's measurement with other overlap repeats (a replay's draw): median and spread of
+        ``samples``, the baselines kept but no longer of the same rounds, the hidden interval dropped (it
+        described the recorded repeats)."""
+        series = Series(samples=samples)
+        baselines = self.baselines and dataclasses.replace(self.baselines, source=BaselineSource.CACHED)
+        return dataclasses.replace(
+            self,
+            baselines=baselines,
+            overlap_ms=series.median,
+            cv=series.cv,
+            repeats=len(samples),
+            samples=series.samples,
+            positions=(),
+            hidden_ci=None,
+        )
+
+    @property
+    def series(self) -> Series:
+        return Series(samples=self.samples, positions=self.positions)
 
     @property
     def exposed_ms(self) -> float:
@@ -40,18 +141,41 @@ class Measurement:
     @property
     def hidden_frac(self) -> float:
         """Share of comm_ms hidden behind the GEMM; below 0 when overlapping costs more than it hides."""
-        return 1.0 - self.exposed_ms / self.comm_ms if self.comm_ms > 0 else 0.0
+        return hidden(self.overlap_ms, self.gemm_ms, self.comm_ms)
+
+    def hidden_replicates(self, *, n: int = REPLICATES, seed: int = 0) -> list[float]:
+        """Bootstrap replicates of `hidden_frac` (``hidden_ci`` is the 95% interval of those of seed 0)."""
+        if self.baselines is None:
+            raise ValueError("a measurement without baseline repeats has no hidden interval")
+        b = self.baselines
+        return hidden_replicates(
+            self.series, b.gemm, b.comm, paired=b.source == BaselineSource.SAME_ROUNDS, n=n, seed=seed
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["samples"] = list(self.samples)
-        out["exposed_ms"] = self.exposed_ms
-        out["hidden_frac"] = self.hidden_frac
+        out: dict[str, Any] = {name: getattr(self, name) for name in _TIMES}
+        out |= {
+            "repeats": self.repeats,
+            "valid": self.valid,
+            "samples": list(self.samples),
+            "positions": list(self.positions),
+            "baselines": None if self.baselines is None else self.baselines.to_dict(),
+            "hidden_ci": None if self.hidden_ci is None else list(self.hidden_ci),
+            "exposed_ms": self.exposed_ms,
+            "hidden_frac": self.hidden_frac,
+        }
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
-        names = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: (math.inf if v is None and k != "valid" else v) for k, v in data.items() if k in names}
-        fields["samples"] = tuple(fields.get("samples", ()))
-        return cls(**fields)
+        """The inverse of `to_dict`, for every form stored so far (the fields after ``samples`` came later)."""
+        baselines, ci = data.get("baselines"), data.get("hidden_ci")
+        return cls(
+            **{name: math.inf if data[name] is None else data[name] for name in _TIMES},
+            repeats=data["repeats"],
+            valid=data["valid"],
+            samples=tuple(data.get("samples", ())),
+            positions=tuple(data.get("positions", ())),
+            baselines=None if baselines is None else Baselines.from_dict(baselines),
+            hidden_ci=None if ci is None else (ci[0], ci[1]),
+        )

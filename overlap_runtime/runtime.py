@@ -9,7 +9,7 @@ from __future__ import annotations
 from overlap_runtime.config import BACKENDS, DeviceLimits, OverlapConfig, check_config, problem
 from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.group import TPGroup
-from overlap_runtime.measurement import Measurement
+from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.shape import ModelShape, Slot
 
 
@@ -64,9 +64,19 @@ class Runtime:
         check_config(config, problem(shape, Slot(slot), config.method), backend=self.backend, limits=self.limits)
 
     def measure(
-        self, shape: ModelShape, slot: Slot, config: OverlapConfig, *, repeats: int = 20, warmup: int = 5
+        self,
+        shape: ModelShape,
+        slot: Slot,
+        config: OverlapConfig,
+        *,
+        repeats: int = 20,
+        warmup: int = 5,
+        rounds: int = 1,
+        baselines: BaselineSource = BaselineSource.SAME_ROUNDS,
     ) -> Measurement:
-        return self.measure_many(shape, slot, [config], repeats=repeats, warmup=warmup)[0]
+        return self.measure_many(
+            shape, slot, [config], repeats=repeats, warmup=warmup, rounds=rounds, baselines=baselines
+        )[0]
 
     def measure_many(
         self,
@@ -77,15 +87,30 @@ class Runtime:
         repeats: int = 20,
         warmup: int = 5,
         rounds: int = 1,
+        baselines: BaselineSource = BaselineSource.SAME_ROUNDS,
     ) -> list[Measurement]:
         """Measure several configs in one go, interleaved over ``rounds`` (A B C A B C ...): the way to
-        compare finalists on a noisy machine.  One failure fails them all: measure suspects alone first."""
+        compare finalists on a noisy machine.  One failure fails them all: measure suspects alone first.
+
+        ``baselines``: the gemm, comm and serial times each config is scored against, timed in the same rounds
+        (the default: what a result you quote needs) or cached per process and problem (search trials)."""
         for config in configs:
             self.check(shape, slot, config)
         from overlap_runtime.harness import measure_task
 
-        timeout = self.trial_timeout_s * max(1, len(configs) * rounds)
+        # Same-round baselines time three more regions per problem and round.
+        problems = {problem(shape, Slot(slot), c.method) for c in configs}
+        timed = len(configs) + (3 * len(problems) if baselines == BaselineSource.SAME_ROUNDS else 0)
+        timeout = self.trial_timeout_s * max(1, timed * rounds)
         results = self.group.run(
-            measure_task, shape, Slot(slot), configs, repeats=repeats, warmup=warmup, rounds=rounds, timeout_s=timeout
+            measure_task,
+            shape,
+            Slot(slot),
+            configs,
+            repeats=repeats,
+            warmup=warmup,
+            rounds=rounds,
+            baselines=baselines,
+            timeout_s=timeout,
         )
         return results[0]

@@ -14,9 +14,10 @@ import torch.distributed as dist
 
 from overlap_runtime.config import Method, problem
 from overlap_runtime.group import RankContext
-from overlap_runtime.harness import device_of, make_operands, spread, time_region
+from overlap_runtime.harness import device_of, make_operands, time_region
 from overlap_runtime.methods import serial
 from overlap_runtime.shape import Collective, ModelShape, Slot
+from overlap_runtime.uncertainty import spread
 
 
 def has_fused_op(shape: ModelShape, slot: Slot) -> bool:

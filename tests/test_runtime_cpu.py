@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import statistics
 import time
 
 import pytest
@@ -13,8 +14,9 @@ from overlap_runtime.config import OverlapConfig, check_config, problem
 from overlap_runtime.device import MAX_ALIGN_SLEEPS, align_sleeps
 from overlap_runtime.errors import ConfigError, InputError, ShapeError, TrialFailure
 from overlap_runtime.group import TPGroup
+from overlap_runtime.measurement import BaselineSource
 from overlap_runtime.runtime import Runtime
-from overlap_runtime.shape import EXTERNAL_SLOTS, ModelShape, Slot
+from overlap_runtime.shape import EXTERNAL_SLOTS, Collective, ModelShape, Slot
 
 TUNED_SLOTS = [s for s in Slot if s not in EXTERNAL_SLOTS]
 
@@ -256,7 +258,54 @@ def test_finalists_are_measured_interleaved_with_every_repeat_counted(runtime: R
     results = runtime.measure_many(shape, Slot.PROJ_FPROP, configs, repeats=3, warmup=1, rounds=2)
     assert len(results) == 3
     assert all(m.valid and m.repeats == 6 for m in results)
-    assert len({(m.gemm_ms, m.comm_ms) for m in results}) == 1  # one problem, baselines measured once
+    # A B C gemm comm serial A B C gemm comm serial: six timed regions a round, in this order.
+    start = results[0].positions[0]
+    baselines = results[0].baselines
+    assert baselines is not None
+    for r in range(2):
+        assert [m.positions[r] for m in results] == [start + 6 * r + i for i in range(3)]
+        assert [s.positions[r] for s in (baselines.gemm, baselines.comm, baselines.serial)] == [
+            start + 6 * r + i for i in range(3, 6)
+        ]
+    assert all(m.baselines == baselines for m in results)  # one problem: one set of baselines for all
+
+
+def test_each_config_is_scored_against_its_own_problem_timed_in_its_rounds(runtime: Runtime) -> None:
+    """qkv_dgrad: no overlap runs the bulk problem (an all-gather beside the dgrad GEMM), a ring exchange TE's
+    reduce-scatter dgrad; each gets its own gemm, comm and serial, timed in every round between the configs."""
+    shape = shape_for(runtime.tp)
+    configs = [OverlapConfig(method="none"), OverlapConfig(method="ring_exchange")]
+    bulk, rs_dgrad = runtime.measure_many(shape, Slot.QKV_DGRAD, configs, repeats=2, warmup=1, rounds=3)
+    assert bulk.baselines is not None and rs_dgrad.baselines is not None
+    assert bulk.baselines.collective == problem(shape, Slot.QKV_DGRAD, "none").collective == Collective.ALL_GATHER
+    assert rs_dgrad.baselines.collective == Collective.REDUCE_SCATTER
+    assert rs_dgrad.baselines.collective == problem(shape, Slot.QKV_DGRAD, "ring_exchange").collective
+    every = [bulk.series, rs_dgrad.series]
+    for m in (bulk, rs_dgrad):
+        assert m.baselines is not None and m.baselines.source == BaselineSource.SAME_ROUNDS
+        every += [m.baselines.gemm, m.baselines.comm, m.baselines.serial]
+        assert m.comm_ms == statistics.median(m.baselines.comm.samples)
+        assert m.gemm_ms == statistics.median(m.baselines.gemm.samples)
+        assert m.hidden_ci is not None and m.hidden_ci[0] <= m.hidden_ci[1]
+    assert len({s.positions for s in every}) == len(every) == 8  # eight series, none shared
+    for s in every:
+        assert len(s.positions) == 3 and len(s.samples) == 6
+    for r in (1, 2):  # round r of every series after round r-1 of every series
+        assert max(s.positions[r - 1] for s in every) < min(s.positions[r] for s in every)
+
+
+def test_cached_baselines_are_timed_once_per_problem_and_say_so(runtime: Runtime) -> None:
+    shape, config = shape_for(runtime.tp), OverlapConfig(method="ring_exchange")
+    first, second = (
+        runtime.measure(shape, Slot.FC2_FPROP, config, repeats=2, warmup=1, baselines=BaselineSource.CACHED)
+        for _ in range(2)
+    )
+    assert first.baselines is not None and first.baselines.source == BaselineSource.CACHED
+    assert second.baselines == first.baselines
+    assert second.baselines.gemm.positions[0] < second.positions[0]  # timed before this config ran
+    fresh = runtime.measure(shape, Slot.FC2_FPROP, config, repeats=2, warmup=1)
+    assert fresh.baselines is not None and fresh.baselines.source == BaselineSource.SAME_ROUNDS
+    assert fresh.positions[0] < fresh.baselines.gemm.positions[0]
 
 
 def _numerics_of_broken_methods(ctx) -> tuple[float, float, float]:

@@ -17,7 +17,9 @@ import storage
 from api.schemas import TrialPublic
 from api.views import trial_view
 from overlap_runtime.config import Method, OverlapConfig
-from overlap_runtime.shape import ModelShape, Slot
+from overlap_runtime.measurement import Baselines, BaselineSource, Measurement
+from overlap_runtime.shape import Collective, ModelShape, Slot
+from overlap_runtime.uncertainty import Series
 from search_spaces import parse_nemo
 from search_spaces.te_dict import te_config
 from storage import LEASE_EXPIRED
@@ -205,3 +207,54 @@ def test_a_job_may_name_its_gpu_by_the_short_name_and_runs_on_that_model_only(ma
         claim = service.wait_until(lambda: client.claim(worker.id), timeout_s=30, what="a claim")
         assert claim.job_id == h200
         assert client.job(a100).status == "queued" and client.job(a100).gpu == "A100"
+
+
+def test_a_worker_reporting_measurements_of_the_old_shape_is_heard_beside_one_reporting_baselines(
+    make_service, sqlite_url: str
+) -> None:
+    """Workers from before baselines were kept send no ``positions``, ``baselines`` or ``hidden_ci``; a job fed
+    by one such worker and one new one alternately still decides, and both forms come back as they were sent."""
+    service = make_service(db_url=sqlite_url)
+    service.start_controller()
+    gpu = {"index": 0, "name": "NVIDIA H200", "memory_total_mib": 143771, "nvlink_active": 18, "sm_count": 132}
+    old = {
+        "gemm_ms": 0.2676,
+        "comm_ms": 0.0924,
+        "serial_ms": 0.3599,
+        "overlap_ms": 0.2794,
+        "rel_err": 0.0,
+        "cv": 0.002,
+        "repeats": 3,
+        "valid": True,
+        "samples": [0.2801, 0.2794, 0.2787],
+        "exposed_ms": 0.0118,
+        "hidden_frac": 0.8727,
+    }
+    rounds = Series(samples=(0.30, 0.31, 0.30, 0.32), positions=(4, 9))
+    baselines = Baselines(
+        source=BaselineSource.SAME_ROUNDS, collective=Collective.ALL_GATHER, gemm=rounds, comm=rounds, serial=rounds
+    )
+    new = Measurement.measured(overlap=rounds, baselines=baselines, rel_err=0.0, valid=True).to_dict()
+    with service.client() as client:
+        worker = client.register(
+            {"name": "w", "host": "h", "backend": "cuda", "gpus": [gpu, gpu], "gpu_model": "NVIDIA H200", "n_gpus": 2}
+        )
+        job_id = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cuda").id
+        sent: dict[int, dict[str, Any]] = {}
+        for turn in range(12):
+            claim = service.wait_until(lambda: client.claim(worker.id), timeout_s=30, what="a claim")
+            finalist = claim.proposal["purpose"] == "finalist"
+            body = new if turn % 2 or finalist else old
+            n = len(claim.proposal["configs"])
+            assert client.report(worker.id, claim.trial_id, measurements=[body] * n).state == "complete"
+            sent[claim.trial_id] = body
+            if finalist:
+                break
+        assert finalist  # the study took every result and moved on to its finalists
+        assert old in sent.values() and new in sent.values()
+    job = service.wait_for_job(job_id)
+    assert job.status == "succeeded", job
+    for trial in trials_of(service, job_id):
+        assert trial.state == "complete" and trial.id in sent
+        for stored in trial.measurement["measurements"]:
+            assert Measurement.from_dict(stored) == Measurement.from_dict(sent[trial.id])

@@ -54,6 +54,12 @@ def test_tune_writes_a_preset_with_every_slot_and_stores_valid_winners(tmp_path:
         best = get_best(session=session, hidden=64, tp=2, mbs=1, seq=32, gpu="cpu")
     assert sorted(row.slot for row in best) == sorted(slots)
     assert all(row.measurement["valid"] for row in best)
+    for row in best:  # decided by the finalist batch: scored against baselines timed in its three rounds
+        baselines = row.measurement["baselines"]
+        assert baselines["source"] == "same_rounds", row.slot
+        for r in (1, 2):
+            assert baselines["comm"]["positions"][r - 1] < row.measurement["positions"][r]
+            assert row.measurement["positions"][r - 1] < baselines["comm"]["positions"][r]
 
 
 def test_tune_stores_a_gated_context_parallel_shape_as_given(tmp_path: Path) -> None:
