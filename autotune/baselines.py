@@ -1,4 +1,4 @@
-"""The configs every study measures first, before the sampler proposes anything.
+"""The configs every study measures first: its sampler (`autotune.sampler`) proposes them before any other.
 
 They answer the questions a user asks before "what is best": is overlap worth it at all (no overlap), what
 does TE do by itself (its default), what would copying NVIDIA's nearest preset give (or one we tuned
@@ -9,8 +9,9 @@ runtime lacks, a config outside the space) is skipped, and the reason is kept fo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from autotune.gpu import preset_gpu_name
 from overlap_runtime.config import Method, OverlapConfig
@@ -27,7 +28,7 @@ WARM_START = "warm_start"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Baseline:
-    """One config to enqueue, and every reason it is a baseline (TE's default may also be the preset's)."""
+    """One config to measure first, and every reason it is a baseline (TE's default may also be the preset's)."""
 
     config: OverlapConfig
     labels: tuple[str, ...]
@@ -39,6 +40,18 @@ class Baselines:
     """Distinct configs in the order they are measured: none, TE default, preset, warm starts."""
     skipped: tuple[str, ...]
     """One line per baseline left out, saying why."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The study user attr ``baselines``: written when the study is created, read back on every restart."""
+        listed = [{"config": b.config.to_dict(), "labels": list(b.labels)} for b in self.configs]
+        return {"configs": listed, "skipped": list(self.skipped)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Baselines:
+        configs = (
+            Baseline(config=OverlapConfig.from_dict(b["config"]), labels=tuple(b["labels"])) for b in data["configs"]
+        )
+        return cls(configs=tuple(configs), skipped=tuple(data["skipped"]))
 
 
 def baselines(space: SlotSpace, *, gpu: str, warm_start: Sequence[OverlapConfig] = ()) -> Baselines:

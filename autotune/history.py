@@ -1,8 +1,8 @@
 """A study's trials read back as the tuner's records: what was measured, what failed, what is still out.
 
-Everything the tuner knows lives in Optuna's storage (trial user attrs, written by `autotune.studies`), so a
-controller that restarts rebuilds its state by reading the trials again.  This module is that reading; it
-never writes.  The user attr keys below are the whole vocabulary.
+Everything the tuner knows lives in Optuna's storage (trial user attrs, written by `autotune.studies` and, for
+duplicates, by `autotune.sampler`), so a controller that restarts rebuilds its state by reading the trials
+again.  This module is that reading; it never writes.  The user attr keys below are the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ REQUEUED = "requeued"
 ATTEMPT = "attempt"
 """1 for the first try of a config, +1 per requeue."""
 DUPLICATE_OF = "duplicate_of"
-"""A sampled config that was already measured: told the known result, never handed out."""
+"""A config the sampler's model proposed again: added as a finished trial holding the known result, never
+handed out."""
 
 
 @dataclass(frozen=True, kw_only=True)

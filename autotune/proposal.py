@@ -19,9 +19,9 @@ class Purpose(enum.StrEnum):
     """Why the tuner wants the measurement (the service's `storage.TrialPurpose` has the same values)."""
 
     BASELINE = "baseline"
-    """A known config enqueued before any sampling: no overlap, TE's default, a preset, a warm start."""
+    """A known config measured before the search's own: no overlap, TE's default, a preset, a warm start."""
     SEARCH = "search"
-    """A config the sampler proposed."""
+    """Any other config the sampler proposed: its model's, or a local move."""
     FINALIST = "finalist"
     """The top configs re-measured together, interleaved, before the winner is declared."""
 

@@ -3,18 +3,14 @@
 The life of a study, and where each step is stored (all of it in Optuna's storage, so a controller that
 restarts rebuilds a `SlotStudy` by constructing it again with the same storage and arguments):
 
-1. Created: the baselines (`autotune.baselines`) are enqueued as WAITING trials, before any sampling, so
-   they are always the first trials; study user attr ``baselines`` lists them and the skipped ones.
-2. Search: `ask` hands out waiting trials first, then what TPE proposes (multivariate + group for the
-   conditional space, constant liar so parallel workers spread out).  A handed-out trial stays RUNNING,
-   with its proposal in the ``proposal`` user attr, until `tell` (or `requeue`) finishes it.  Every
-   third config after TPE's start-up is a local move instead: an untried config one knob away from the
-   best so far (`autotune.neighbours`), which finds the last few percent in these small discrete spaces
-   faster than TPE alone (bench/search_efficiency.py).  A config already measured is never measured
-   again: the trial TPE asked for is told the known result at once (Optuna's recipe for duplicates) and
-   TPE asks again, a bounded number of times before a local move (or a random untried config) is taken.
+1. Created: study user attr ``baselines`` lists the baselines (`autotune.baselines`) and the skipped ones.
+2. Search: `ask` hands out waiting trials (a lost worker's config, asked again) first, then what the
+   sampler proposes: by default a `SlotSampler` (`autotune.sampler`), which proposes the baselines first,
+   then TPE's configs and local moves, never a config already known.  A handed-out trial stays RUNNING,
+   with its proposal in the ``proposal`` user attr, until `tell` (or `requeue`) finishes it.
 3. Stop: after ``n_trials`` configs, once the best has not improved by more than `MIN_GAIN` for
-   ``patience`` completed trials, or when every config of the space has been measured.
+   ``patience`` completed trials, or when every config of the space has been measured; never before as
+   many configs as there are baselines, so the baselines run whatever the budget.
 4. Finalists (`autotune.finalists`): once nothing is outstanding, one more trial holds the finalist batch:
    the configs (study user attr ``finalists``) are re-measured interleaved with more repeats.  Its
    proposal number is that trial's number like any other; it runs without params and, once told, takes
@@ -27,25 +23,20 @@ Trial user attrs are listed in `autotune.history`.
 
 from __future__ import annotations
 
-import random
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
-from optuna.exceptions import ExperimentalWarning
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from autotune.baselines import TE_DEFAULT, baselines
-from autotune.finalists import TOP_K, choose_finalists, decide, measurement_failure
+from autotune.baselines import TE_DEFAULT, Baselines, baselines
+from autotune.finalists import choose_finalists, decide, measurement_failure
 from autotune.history import (
     ATTEMPT,
     BASELINE,
     CONFIG,
-    DUPLICATE_OF,
     FAILURE,
     MEASUREMENT,
     MEASUREMENTS,
@@ -55,10 +46,11 @@ from autotune.history import (
     History,
     Record,
 )
-from autotune.neighbours import family, neighbours
 from autotune.outcome import SlotOutcome
+from autotune.params import distributions, params_of, walk
 from autotune.proposal import Proposal, Purpose
-from overlap_runtime.config import DeviceLimits, Method, OverlapConfig
+from autotune.sampler import SlotSampler
+from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
@@ -75,20 +67,10 @@ FINALIST_ROUNDS = 3
 """The finalists run 3 interleaved rounds of 20 repeats: 60 samples each, drift shared between them."""
 MIN_GAIN = 0.01
 """A new best must be more than 1% faster to count as progress (less is within the noise)."""
-MAX_DUPLICATES = 3
-"""TPE proposals of known configs in a row before a local move (or, with none left, a random untried config)."""
-TPE_STARTUP = 5
-"""Completed trials before TPE models (Optuna's default is 10); the baselines count, and they are good ones."""
 MAX_ATTEMPTS = 3
 """Lost workers per config before the config itself counts as failed."""
 FINALIST_ATTEMPTS = 3
 """Failed or lost finalist batches before the search's own numbers decide."""
-LOCAL_EVERY = 3
-"""Every third config after `LOCAL_AFTER` is a local move around the best (`autotune.neighbours`), not TPE's."""
-LOCAL_AFTER = 8
-"""Configs measured before the first local move: the baselines plus TPE's start-up."""
-METHOD = "method"
-"""The Optuna param holding the method; every other param is named after its knob (`search_spaces.space`)."""
 _BASELINES, _FINALISTS, _DECISION = "baselines", "finalists", "decision"
 
 
@@ -124,8 +106,10 @@ class SlotStudy:
     and name continues where it stopped. All state lives in the Optuna storage (trial user attrs / study
     user attrs), so a controller that restarts can rebuild it.
 
-    ``warm_start`` and the baselines are enqueued only when the study is created; ``n_trials`` and
-    ``patience`` are read on every ask, so a restart may change them.  A decided study stays decided.
+    ``warm_start`` joins the baselines only when the study is created; ``n_trials`` and ``patience`` are read
+    on every ask, so a restart may change them.  A decided study stays decided.  ``sampler`` replaces the
+    `SlotSampler` (``seed`` seeds only that one); any Optuna sampler will do, e.g. `RandomSampler`, though
+    only a `SlotSampler` proposes the baselines and never measures a config twice.
     """
 
     def __init__(
@@ -141,6 +125,7 @@ class SlotStudy:
         patience: int | None = None,
         warm_start: Sequence[OverlapConfig] = (),
         seed: int | None = None,
+        sampler: optuna.samplers.BaseSampler | None = None,
     ) -> None:
         if n_trials < 1:
             raise InputError("n_trials", "must be a positive integer", n_trials)
@@ -156,18 +141,14 @@ class SlotStudy:
         # One storage object for the study and for the per-trial attrs written after a restart (by trial
         # number); get_storage wraps RDB storages in Optuna's cache exactly as create_study would.
         self._storage = optuna.storages.get_storage(storage)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)  # group=True is "experimental" since 2.8
-            sampler = optuna.samplers.TPESampler(
-                n_startup_trials=TPE_STARTUP, multivariate=True, group=True, constant_liar=True, seed=seed
-            )
         self._study = optuna.create_study(
-            storage=self._storage, sampler=sampler, study_name=self.name, direction="minimize", load_if_exists=True
+            storage=self._storage, study_name=self.name, direction="minimize", load_if_exists=True
         )
         self._study_id = self._storage.get_study_id_from_name(self.name)
-        self._rng = random.Random(seed)
-        if _BASELINES not in self._study.user_attrs:
-            self._enqueue_baselines(warm_start)
+        self._baselines = self._stored_baselines(warm_start)
+        # The default sampler proposes the stored baselines, so it can only be made once the study exists.
+        first = [b.config for b in self._baselines.configs]
+        self._study.sampler = sampler or SlotSampler(self.space, first=first, seed=seed)
 
     # --- the contract -------------------------------------------------------------------------------------
 
@@ -178,7 +159,7 @@ class SlotStudy:
             return None
         history = self._history()
         if history.waiting or self._stop_reason(history) is None:
-            return self._ask_config(history)
+            return self._ask_config()
         if history.outstanding:
             return None
         return self._ask_finalists(history)
@@ -228,7 +209,7 @@ class SlotStudy:
         self._set_attrs(trial_id, {FAILURE: failure, REQUEUED: retry})
         self._study.tell(trial.number, state=TrialState.FAIL)
         if retry and record.config is not None and proposal.purpose != Purpose.FINALIST:
-            self._enqueue(record.config, purpose=record.purpose, labels=record.labels, attempt=record.attempt + 1)
+            self._enqueue_retry(record.config, record)
 
     @property
     def finished(self) -> bool:
@@ -271,11 +252,20 @@ class SlotStudy:
         """Every config of the space (a few hundred at most): to know when it is exhausted."""
         return tuple(self.space.configs())
 
+    def _stored_baselines(self, warm_start: Sequence[OverlapConfig]) -> Baselines:
+        """The baselines found when the study was created (now, for a new one), kept for every restart."""
+        if _BASELINES not in self._study.user_attrs:
+            found = baselines(self.space, gpu=self.gpu, warm_start=warm_start)
+            self._study.set_user_attr(_BASELINES, found.to_dict())
+        return Baselines.from_dict(self._study.user_attrs[_BASELINES])
+
     def _history(self) -> History:
         return History(self._study.get_trials(deepcopy=False))
 
     def _stop_reason(self, history: History) -> str | None:
         """Why the search hands out no new config, or None while it does."""
+        if history.budget_used < len(self._baselines.configs):  # the default sampler's baselines always run
+            return None
         if history.budget_used >= self.n_trials:
             return f"stopped after {history.budget_used} configs (n_trials {self.n_trials})"
         since = history.trials_since_gain(min_gain=MIN_GAIN)
@@ -285,114 +275,36 @@ class SlotStudy:
             return f"exhausted: all {len(self._grid)} configs of the space measured"
         return None
 
-    def _enqueue_baselines(self, warm_start: Sequence[OverlapConfig]) -> None:
-        found = baselines(self.space, gpu=self.gpu, warm_start=warm_start)
-        for baseline in found.configs:
-            # skip_if_exists: a controller that died between enqueuing and the attr below enqueues again.
-            self._enqueue(baseline.config, purpose=Purpose.BASELINE, labels=baseline.labels, skip_if_exists=True)
-        listed = [{"config": b.config.to_dict(), "labels": list(b.labels)} for b in found.configs]
-        self._study.set_user_attr(_BASELINES, {"configs": listed, "skipped": list(found.skipped)})
-
-    def _enqueue(
-        self,
-        config: OverlapConfig,
-        *,
-        purpose: Purpose,
-        labels: Iterable[str] = (),
-        attempt: int = 1,
-        skip_if_exists: bool = False,
-    ) -> None:
-        attrs: dict[str, Any] = {PURPOSE: purpose.value, CONFIG: config.to_dict(), ATTEMPT: attempt}
-        if labels:
-            attrs[BASELINE] = list(labels)
-        self._study.enqueue_trial(self._params(config), user_attrs=attrs, skip_if_exists=skip_if_exists)
-
-    def _ask_config(self, history: History) -> Proposal | None:
-        if not history.waiting and self._local_turn(history):
-            move = self._local_move(history)
-            if move is not None:
-                return self._ask_enqueued(move)
-        for _ in range(MAX_DUPLICATES):
-            trial = self._study.ask()
-            config = self._suggest(trial)
-            seen = history.configs.get(config)
-            if seen is None or seen.number == trial.number:  # new, or the queued trial itself
-                return self._hand_out(trial, config)
-            self._tell_duplicate(trial, config, seen)
-        untried = [c for c in self._grid if c not in history.configs]
-        if not untried:  # every config is known after all: ask again ends the search
-            return self.ask()
-        return self._ask_enqueued(self._local_move(history) or self._rng.choice(untried))
-
-    @staticmethod
-    def _local_turn(history: History) -> bool:
-        """Every `LOCAL_EVERY`-th config once TPE had its start-up trials (derived from the history, so a
-        restart keeps the rhythm)."""
-        used = history.budget_used
-        return used >= LOCAL_AFTER and used % LOCAL_EVERY == 0
-
-    def _local_move(self, history: History) -> OverlapConfig | None:
-        """An untried config one knob away from the best config of one of the `TOP_K` fastest families so far
-        (`autotune.neighbours.family`), taken in turn; None if none is left.
-
-        Polishing only the overall best never leaves its family: on h5120 s2048 proj_fprop (H200 landscape)
-        the fused ring led at 1.09x the optimum, and the optimum, a copy-engine ring on cuBLAS with one
-        stream, sat one knob away from the copy-engine ring on our GEMM (1.24x) that no move started from."""
-        leaders: dict[tuple, OverlapConfig] = {}
-        for record in history.ranked():
-            if record.config is not None:
-                leaders.setdefault(family(record.config), record.config)
-                if len(leaders) == TOP_K:
-                    break
-        if not leaders:
-            return None
-        ordered = list(leaders.values())
-        start = (history.budget_used // LOCAL_EVERY) % len(ordered)
-        for config in ordered[start:] + ordered[:start]:
-            untried = [c for c in neighbours(self.space, config) if c not in history.configs]
-            if untried:
-                return self._rng.choice(untried)
-        return None
-
-    def _ask_enqueued(self, config: OverlapConfig) -> Proposal:
-        self._enqueue(config, purpose=Purpose.SEARCH)
+    def _ask_config(self) -> Proposal:
+        """A waiting trial (a lost worker's config), or the sampler's next config."""
         trial = self._study.ask()
-        return self._hand_out(trial, self._suggest(trial))
-
-    def _suggest(self, trial: Trial) -> OverlapConfig:
-        """Walk the slot's define-by-run tree, one categorical param per knob (fixed params if enqueued)."""
-        method = Method(trial.suggest_categorical(METHOD, self._choices(METHOD)))
-        chosen: dict[str, Any] = {}
-        while (param := self.space.next_param(method, chosen)) is not None:
-            chosen[param.name] = trial.suggest_categorical(param.name, self._choices(param.name))
-        return self.space.config(method, chosen)
-
-    def _choices(self, name: str) -> tuple:
-        return tuple(m.value for m in self.space.methods) if name == METHOD else self.space.params[name].choices
-
-    def _params(self, config: OverlapConfig) -> dict[str, Any]:
-        choices = self.space.choices_of(config)
-        if choices is None:
-            raise InputError("config", f"is not in the search space of {self.slot.value}", config.to_dict())
-        return {METHOD: config.method.value, **choices}
+        return self._hand_out(trial, walk(self.space, lambda name, d: trial.suggest_categorical(name, d.choices)))
 
     def _hand_out(self, trial: Trial, config: OverlapConfig) -> Proposal:
-        purpose = Purpose(trial.user_attrs.get(PURPOSE, Purpose.SEARCH))
+        purpose = self._purpose(trial, config)
         proposal = Proposal(number=trial.number, configs=(config,), purpose=purpose, repeats=SEARCH_REPEATS)
         trial.set_user_attr(PURPOSE, purpose.value)
         trial.set_user_attr(CONFIG, config.to_dict())
         trial.set_user_attr(PROPOSAL, proposal.to_dict())  # last: from here on the trial is outstanding
         return proposal
 
-    def _tell_duplicate(self, trial: Trial, config: OverlapConfig, seen: Record) -> None:
-        trial.set_user_attr(PURPOSE, Purpose.SEARCH.value)
-        trial.set_user_attr(CONFIG, config.to_dict())
-        trial.set_user_attr(DUPLICATE_OF, seen.number)
-        if seen.state == TrialState.COMPLETE:
-            self._study.tell(trial, seen.value)
-            return
-        trial.set_user_attr(FAILURE, f"duplicate of trial {seen.number} ({seen.state.name.lower()})")
-        self._study.tell(trial, state=TrialState.FAIL)
+    def _purpose(self, trial: Trial, config: OverlapConfig) -> Purpose:
+        """An enqueued trial (a lost worker's config) keeps its purpose and labels; any other trial of a
+        baseline's config is that baseline, whichever sampler proposed it."""
+        if PURPOSE in trial.user_attrs:
+            return Purpose(trial.user_attrs[PURPOSE])
+        labels = next((b.labels for b in self._baselines.configs if b.config == config), None)
+        if labels is None:
+            return Purpose.SEARCH
+        trial.set_user_attr(BASELINE, list(labels))
+        return Purpose.BASELINE
+
+    def _enqueue_retry(self, config: OverlapConfig, record: Record) -> None:
+        """Ask ``config`` again as the next attempt of ``record``, with its purpose and labels."""
+        attrs: dict[str, Any] = {PURPOSE: record.purpose.value, CONFIG: config.to_dict(), ATTEMPT: record.attempt + 1}
+        if record.labels:
+            attrs[BASELINE] = list(record.labels)
+        self._study.enqueue_trial(params_of(self.space, config), user_attrs=attrs)
 
     def _tell_config(self, trial_id: int, number: int, measurement: Measurement | None, failure: str | None) -> None:
         if measurement is not None:
@@ -469,9 +381,9 @@ class SlotStudy:
             self._set_attrs(trial_id, {FAILURE: failure})
             self._study.tell(trial.number, state=TrialState.FAIL)
             return
-        for name, value in self._params(outcome.best).items():
-            distribution = CategoricalDistribution(self._choices(name))
-            self._storage.set_trial_param(trial_id, name, distribution.to_internal_repr(value), distribution)
+        dists = distributions(self.space)
+        for name, value in params_of(self.space, outcome.best).items():
+            self._storage.set_trial_param(trial_id, name, dists[name].to_internal_repr(value), dists[name])
         self._set_attrs(trial_id, {CONFIG: outcome.best.to_dict(), MEASUREMENT: outcome.best_measurement.to_dict()})
         self._study.tell(trial.number, outcome.best_measurement.overlap_ms)
         self._decide(outcome, reason="finalists re-measured interleaved")
@@ -496,7 +408,7 @@ class SlotStudy:
     ) -> SlotOutcome | None:
         te = history.with_label(TE_DEFAULT)
         stopped = self._study.user_attrs.get(_FINALISTS, {}).get("stopped")
-        context = [*self._study.user_attrs[_BASELINES]["skipped"], *([stopped] if stopped else [])]
+        context = [*self._baselines.skipped, *([stopped] if stopped else [])]
         if te is not None and te.failure is not None:
             context.append(f"TE's default failed: {te.failure}")
         return decide(

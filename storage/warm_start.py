@@ -2,7 +2,7 @@
 
 A study for h8192 s8192 on an H200 starts from what won h8192 s4096 and h12288 s8192 on H200s at the same
 tp and dtype, nearest first (doublings of tokens and width, `search_spaces.registry.shape_distance`).
-`SlotStudy` enqueues them right after its own baselines and skips any that its space does not hold.
+They join a new `SlotStudy`'s baselines, measured right after its own; any its space does not hold is skipped.
 """
 
 from __future__ import annotations

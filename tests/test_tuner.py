@@ -6,14 +6,17 @@ needs a precise number; no GPU and no process group."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 from conftest_tuner import GPU, H200, SHAPE, landscape_dict, measurement, smooth_time, synthetic_landscape
+from optuna.distributions import json_to_distribution
 from optuna.storages import InMemoryStorage
-from optuna.trial import TrialState
+from optuna.trial import TrialState, create_trial
 
 from autotune.baselines import nearest_preset_config
 from autotune.local import drive
@@ -285,3 +288,52 @@ def test_local_moves_change_one_knob_and_stay_in_the_space() -> None:
     assert {m.num_splits for m in moves} >= {2, 8}  # one step either way along the splits, not 16
     assert 16 not in {m.num_splits for m in moves}
     assert all(sum(getattr(m, k) != getattr(config, k) for k in ("num_splits", "num_sm", "gemm")) <= 1 for m in moves)
+
+
+def restore(storage: optuna.storages.BaseStorage, name: str, stored: dict[str, Any]) -> None:
+    """Write a study dumped from Optuna's storage back, trial by trial in its order (numbers included)."""
+    study = optuna.create_study(storage=storage, study_name=name, direction="minimize")
+    for key, value in stored["study_user_attrs"].items():
+        study.set_user_attr(key, value)
+    for t in stored["trials"]:
+        dists = {k: json_to_distribution(json.dumps(d)) for k, d in t["distributions"].items()}
+        study.add_trial(
+            create_trial(
+                state=TrialState[t["state"]],
+                value=t["value"],
+                params=t["params"],
+                distributions=dists,
+                user_attrs=t["user_attrs"],
+                system_attrs=t["system_attrs"],
+            )
+        )
+
+
+@pytest.mark.parametrize("when", ["just_created", "mid_search"])
+def test_a_study_stored_before_the_sampler_resumes_where_it_stopped(when: str) -> None:
+    """Studies written by the tuner at commit 4f9fe01, which enqueued its baselines and local moves and told
+    duplicates as trials it asked: waiting trials go first, the outstanding one is told, nothing known is
+    measured again, and the study decides."""
+    data = json.loads((Path(__file__).parent / "data" / "studies_4f9fe01.json").read_text())
+    stored = data["studies"][when]
+    storage = InMemoryStorage()
+    restore(storage, data["study_name"], stored)
+    study = new_study(storage=storage, n_trials=40)
+    assert study.name == data["study_name"]
+    waiting = [n for n, t in enumerate(stored["trials"]) if t["state"] == "WAITING"]
+    (outstanding,) = study.outstanding()
+    study.tell(outstanding, measurements=[measurement(smooth_time(outstanding.configs[0]))])
+    asked = [study.ask() for _ in waiting]
+    assert [p.number for p in asked if p is not None] == waiting
+    for p, n in zip(asked, waiting, strict=True):
+        assert p is not None and p.purpose == stored["trials"][n]["user_attrs"]["purpose"]
+        assert p.configs == (OverlapConfig.from_dict(stored["trials"][n]["user_attrs"]["config"]),)
+        tell_smooth(study, p)
+    drive(study, measurer=ReplayBackend([synthetic_landscape(SLOT)], seed=0))
+    outcome = study.outcome()
+    assert outcome is not None and outcome.te_default_measurement is not None
+    finished = [t for t in measured(trials(study, storage)) if not t.user_attrs.get("requeued")]
+    counts = Counter(OverlapConfig.from_dict(t.user_attrs["config"]) for t in finished)
+    assert max(counts.values()) == 1
+    labels = {label for b in stored["study_user_attrs"]["baselines"]["configs"] for label in b["labels"]}
+    assert {label for t in finished for label in t.user_attrs.get("baseline", ())} == labels

@@ -1,0 +1,133 @@
+"""SlotSampler on its own, in plain Optuna studies (in-memory storage, `Study.optimize` or ask/tell): the
+baselines first and in order, a local move around a leader every third config after the start-up, never a
+known config (duplicates told at once, each holding the known result), and any other sampler in its place."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from conftest_tuner import GPU, H200, SHAPE, smooth_time, synthetic_landscape
+from optuna.storages import InMemoryStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.baselines import baselines
+from autotune.finalists import TOP_K
+from autotune.local import drive
+from autotune.neighbours import family, neighbours
+from autotune.params import config_of, walk
+from autotune.replay import ReplayBackend
+from autotune.sampler import LOCAL_AFTER, LOCAL_EVERY, SlotSampler
+from autotune.studies import SlotStudy
+from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.errors import InputError
+from overlap_runtime.shape import Slot
+from search_spaces.space import slot_space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+SPACE = slot_space(SHAPE, Slot.PROJ_FPROP, backend="cuda", limits=H200)
+FIRST = tuple(b.config for b in baselines(SPACE, gpu=GPU).configs)
+
+
+def objective(trial: optuna.Trial) -> float:
+    return smooth_time(walk(SPACE, lambda name, d: trial.suggest_categorical(name, d.choices)))
+
+
+def plain_study(sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    return optuna.create_study(storage=InMemoryStorage(), sampler=sampler, direction="minimize")
+
+
+def handed_out(study: optuna.Study) -> list[FrozenTrial]:
+    """The trials the objective ran, in order (not the duplicates the sampler answered itself)."""
+    return [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in t.user_attrs]
+
+
+def config(trial: FrozenTrial) -> OverlapConfig:
+    found = config_of(SPACE, trial.params)
+    assert found is not None, trial.params
+    return found
+
+
+def test_the_first_trials_are_the_first_configs_in_order_even_when_asked_in_parallel() -> None:
+    warm = next(c for c in SPACE.configs() if c.method == Method.PIPELINE and c.num_splits == 16)
+    first = (*FIRST, warm)
+    study = plain_study(SlotSampler(SPACE, first=first, seed=0))
+    asked = [study.ask() for _ in range(len(first) + 3)]  # no tell in between: parallel workers
+    configs = [walk(SPACE, lambda name, d, t=t: t.suggest_categorical(name, d.choices)) for t in asked]
+    assert tuple(configs[: len(first)]) == first
+    assert len(set(configs)) == len(configs)
+
+
+def test_every_third_config_after_the_start_up_is_a_move_around_a_leader_even_for_a_new_sampler() -> None:
+    storage = InMemoryStorage()
+    study = optuna.create_study(storage=storage, sampler=SlotSampler(SPACE, first=FIRST, seed=0), study_name="s")
+    study.optimize(objective, n_trials=20)
+    # A sampler made afresh (a restarted controller) reads the rhythm from the trials alone.
+    study = optuna.load_study(storage=storage, study_name="s", sampler=SlotSampler(SPACE, first=FIRST, seed=1))
+    study.optimize(objective, n_trials=20)
+    trials = handed_out(study)
+    moves = 0
+    for n in (n for n in range(LOCAL_AFTER, len(trials)) if n % LOCAL_EVERY == 0):  # n configs known before
+        leaders: dict[tuple, OverlapConfig] = {}
+        for t in sorted(trials[:n], key=lambda t: (t.value, t.number)):
+            leaders.setdefault(family(config(t)), config(t))
+        around = {c for leader in list(leaders.values())[:TOP_K] for c in neighbours(SPACE, leader)}
+        known = {config(t) for t in trials[:n]}
+        assert config(trials[n]) in around or around <= known, n  # a move, or none is left: TPE's turn
+        moves += config(trials[n]) in around
+    assert moves >= 10
+
+
+def test_a_known_config_is_never_proposed_again_and_each_duplicate_holds_the_known_result() -> None:
+    space = slot_space(SHAPE, Slot.QKV_FPROP, backend="cuda", limits=H200)  # 118 configs: TPE repeats itself
+    study = plain_study(SlotSampler(space, first=(OverlapConfig(method=Method.NONE),), seed=0))
+    study.optimize(lambda t: smooth_time(walk(space, lambda name, d: t.suggest_categorical(name, d.choices))), 60)
+    trials = study.get_trials(deepcopy=False)
+    handed = [config_of(space, t.params) for t in handed_out(study)]
+    assert len(handed) == 60 and len(set(handed)) == 60
+    duplicates = [t for t in trials if "duplicate_of" in t.user_attrs]
+    assert len(duplicates) >= 5
+    for dup in duplicates:
+        seen = trials[dup.user_attrs["duplicate_of"]]
+        assert dup.number > seen.number and "duplicate_of" not in seen.user_attrs
+        assert (dup.params, dup.state, dup.value) == (seen.params, TrialState.COMPLETE, seen.value)
+
+
+def test_a_duplicate_of_a_config_still_being_measured_is_a_failed_trial() -> None:
+    space = slot_space(SHAPE, Slot.QKV_FPROP, backend="cuda", limits=H200)
+    study = plain_study(SlotSampler(space, seed=0))
+    asked = [study.ask() for _ in range(40)]  # nothing told: every repeat TPE draws is of a running trial
+    configs = [walk(space, lambda name, d, t=t: t.suggest_categorical(name, d.choices)) for t in asked]
+    assert len(set(configs)) == len(configs)
+    duplicates = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" in t.user_attrs]
+    assert duplicates
+    for dup in duplicates:
+        assert dup.state == TrialState.FAIL
+        assert dup.user_attrs["failure"] == f"duplicate of trial {dup.user_attrs['duplicate_of']} (running)"
+
+
+def test_a_first_config_outside_the_space_is_refused() -> None:
+    outside = OverlapConfig(method=Method.BULK)
+    with pytest.raises(InputError, match="is not in the search space of proj_fprop"):
+        SlotSampler(SPACE, first=(outside,))
+
+
+def test_a_slot_study_runs_to_a_decision_on_any_optuna_sampler() -> None:
+    storage = InMemoryStorage()
+    study = SlotStudy(
+        storage=storage,
+        gpu=GPU,
+        shape=SHAPE,
+        slot=Slot.PROJ_FPROP,
+        backend="cuda",
+        limits=H200,
+        n_trials=12,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+    )
+    outcome = drive(study, measurer=ReplayBackend([synthetic_landscape(Slot.PROJ_FPROP)], seed=0))
+    assert study.finished and outcome is not None
+    trials = optuna.load_study(study_name=study.name, storage=storage).trials
+    searched = [
+        OverlapConfig.from_dict(t.user_attrs["config"]) for t in trials if t.user_attrs["purpose"] != "finalist"
+    ]
+    assert len(FIRST) < len(searched) <= 12 and not any("duplicate_of" in t.user_attrs for t in trials)
+    assert tuple(searched[: len(FIRST)]) != FIRST  # random from the first trial: the baselines are the sampler's
