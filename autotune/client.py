@@ -92,10 +92,18 @@ class Client:
         n_trials: int | None = None,
         backend: str | None = None,
         gpu: str | None = None,
+        measure_first: dict[str, list[dict[str, Any]]] | None = None,
     ) -> dict[str, Any]:
-        """Queue a job; returns ``{"id", "status"}``."""
+        """Queue a job; returns ``{"id", "status"}``.  ``measure_first``: per slot, configs (as
+        `OverlapConfig.to_dict` writes them) to measure before the search proposes any."""
         body: dict[str, Any] = {"shape": shape}
-        optional = {"layers": layers, "n_trials": n_trials, "backend": backend, "gpu": gpu}
+        optional = {
+            "layers": layers,
+            "n_trials": n_trials,
+            "backend": backend,
+            "gpu": gpu,
+            "measure_first": measure_first,
+        }
         body |= {k: v for k, v in optional.items() if v is not None}
         return self._call("POST", "/v1/jobs", json=body)
 
