@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from autotune.proposal import Purpose
 from overlap_runtime.config import DEFAULTS, OverlapConfig
-from overlap_runtime.knobs import BY_NAME, Kind, Knob
+from overlap_runtime.knobs import BY_NAME, Knob
 from overlap_runtime.shape import ModelShape
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._()/:+-]*$"
@@ -64,12 +64,7 @@ class ConfigBody(Strict):
 def _knob_field(knob: Knob) -> tuple[Any, Any]:
     """(annotation, pydantic field) of ``knob``: its kind, range and help from the table; a knob at its unset
     value is left out of the JSON, as `OverlapConfig.to_dict` leaves it out."""
-    annotation: Any = {
-        Kind.FLAG: bool,
-        Kind.COUNT: int,
-        Kind.INTEGER: int,
-        Kind.CHOICE: Literal[knob.choices],
-    }[knob.kind]
+    annotation: Any = Literal[knob.choices] if knob.choices else knob.value_type
     if knob.bounds is not None:
         annotation = Annotated[annotation, Field(ge=knob.bounds[0], le=knob.bounds[1])]
     if knob.name not in DEFAULTS:

@@ -18,6 +18,7 @@ from typing import Any
 from overlap_runtime.errors import ConfigError
 from overlap_runtime.knobs import (
     BACKENDS,
+    BY_NAME,
     CONFIG_KNOBS,
     MAX_CGA_SIZE,
     MAX_NUM_SM,
@@ -101,6 +102,42 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {f.name: f.default for f in dataclasses.fields(OverlapConfig) if f.default is not dataclasses.MISSING}
 )
 """Each knob's unset value (every field but method has one)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KnobOption:
+    """One knob as a command-line option (typer's terms): what a CLI needs to offer it."""
+
+    name: str
+    """The parameter, an `OverlapConfig` field."""
+    flags: str
+    """The option's declaration: ``--num-sm``; a pair such as ``--use-ce/--no-ce`` for a flag whose unset
+    value is the method's default (None), so either answer can be given."""
+    type: Any
+    default: Any
+    """Unset; None for method, which has none (a CLI may take the whole config another way)."""
+    help: str
+    bounds: tuple[int, int] | None
+    choices: tuple[str, ...]
+
+
+def knob_options() -> tuple[KnobOption, ...]:
+    """Every knob of `OverlapConfig` as a CLI option, in field order."""
+    options = []
+    for knob in (BY_NAME[f.name] for f in dataclasses.fields(OverlapConfig)):
+        default = DEFAULTS.get(knob.name)
+        options.append(
+            KnobOption(
+                name=knob.name,
+                flags=knob.cli_flags,
+                type=knob.value_type if default is False else knob.value_type | None,
+                default=default,
+                help=knob.help,
+                bounds=knob.bounds,
+                choices=knob.choices,
+            )
+        )
+    return tuple(options)
 
 
 def uses_rs_dgrad(slot: Slot, method: Method) -> bool:

@@ -105,10 +105,17 @@ class Knob:
     """The widest range of a count or an integer; the slot, the method and the device narrow it
     (`overlap_runtime.config.check_config`)."""
 
+    cli: str | None = None
+    """The CLI option's declaration (typer's terms) where it is not ``--num-sm`` for num_sm."""
+
     @property
-    def cli_flag(self) -> str:
-        """The CLI's option name: ``--num-sm`` for num_sm."""
-        return "--" + self.name.replace("_", "-")
+    def value_type(self) -> type:
+        """The Python type of a set value."""
+        return bool if self.kind == Kind.FLAG else str if self.kind == Kind.CHOICE else int
+
+    @property
+    def cli_flags(self) -> str:
+        return self.cli or "--" + self.name.replace("_", "-")
 
 
 _ALL = frozenset(TE_METHODS)
@@ -185,6 +192,7 @@ KNOBS: tuple[Knob, ...] = (
         te_methods=frozenset({Method.RING_EXCHANGE}),
         te_default=True,
         backends=_CUDA,
+        cli="--use-ce/--no-ce",
         help="ring_exchange (default true) and bulk (default false): copy-engine pushes into peer buffers "
         "(true) or NCCL kernels on num_sm SMs (false).",
     ),
