@@ -29,6 +29,7 @@ CPU spaces hold at most about twenty configs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,7 +116,7 @@ class SlotSpace:
             if name not in self.params or getattr(built, name) == DEFAULTS[name]:
                 rule = f"is not searched {where}: leave it {'false' if DEFAULTS[name] is False else 'unset'}"
             else:
-                rule = f"must be {getattr(built, name)!r} {where} with the other knobs as given"
+                rule = f"must be {json.dumps(getattr(built, name))} {where} with the other knobs as given"
             raise ConfigError(name, rule, value)
         return chosen
 
