@@ -2,8 +2,8 @@
 
 A preset holds TE's *effective* entries (every key TE would use, with TE's defaults filled in; see
 `te_dict.py`), never `Method.NONE` (TE cannot switch one slot off: docs/export.md) and never our
-runtime-only knobs (``num_max_streams``, ``gemm``), so it converts to NeMo YAML or a TE ``ub_cfgs`` dict
-without loss.  Slots left out take TE's defaults when TE reads the preset.
+runtime-only knobs (`overlap_runtime.knobs.RUNTIME_ONLY_KNOBS`), so it converts to NeMo YAML or a TE
+``ub_cfgs`` dict without loss.  Slots left out take TE's defaults when TE reads the preset.
 """
 
 from __future__ import annotations
