@@ -283,7 +283,10 @@ class Scheduler:
                 backend=job.backend.value,
                 limits=_limits(session=session, gpu=gpu),
                 n_trials=job.n_trials,
-                warm_start=neighbour_winners(session=session, gpu=gpu, shape=_shape(job), slot=Slot(study.slot)),
+                warm_start=(
+                    *storage.first_configs(job, study.slot),
+                    *neighbour_winners(session=session, gpu=gpu, shape=_shape(job), slot=Slot(study.slot)),
+                ),
             ),
         )
         if slot.study.name != study.optuna_study_name:

@@ -8,13 +8,17 @@ models are made from `ModelShape`'s fields, so a field added there is in the req
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import MISSING
 from datetime import datetime
 from types import NoneType
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from autotune.proposal import Proposal, Purpose
+from overlap_runtime.config import DEFAULTS, OverlapConfig
+from overlap_runtime.knobs import BY_NAME, Knob
 from overlap_runtime.shape import ModelShape, ShapeField, shape_fields
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._()/:+-]*$"
@@ -68,6 +72,58 @@ class ShapeLookup(_shape_fields(BaseModel, lookup=True)):  # type: ignore[misc]
     gpu: Name | None = Field(None, description="GPU model, as NVML names it (NVIDIA H200) or short (h200)")
 
 
+class ConfigBody(Strict):
+    """One overlap config (`overlap_runtime.config.OverlapConfig`), as `to_dict` writes it: method first,
+    then only the knobs set to something other than unset."""
+
+    def to_config(self) -> OverlapConfig:
+        return OverlapConfig.from_dict(self.model_dump())
+
+
+def _knob_field(knob: Knob) -> tuple[Any, Any]:
+    """(annotation, pydantic field) of ``knob``: its kind, range and help from the table; a knob at its unset
+    value is left out of the JSON, as `OverlapConfig.to_dict` leaves it out."""
+    annotation: Any = Literal[knob.choices] if knob.choices else knob.value_type
+    if knob.bounds is not None:
+        annotation = Annotated[annotation, Field(ge=knob.bounds[0], le=knob.bounds[1])]
+    if knob.name not in DEFAULTS:
+        return annotation, Field(description=knob.help)
+    unset = DEFAULTS[knob.name]
+    if unset is None:
+        annotation = annotation | None
+    return annotation, Field(unset, description=knob.help, exclude_if=lambda value: value == unset)
+
+
+if TYPE_CHECKING:
+    OverlapConfigBody = ConfigBody
+else:
+    OverlapConfigBody = create_model(
+        "OverlapConfigBody",
+        __base__=ConfigBody,
+        __doc__=ConfigBody.__doc__,
+        # In the fields' order, which `to_dict` writes: the JSON stays as the service always served it.
+        **{f.name: _knob_field(BY_NAME[f.name]) for f in dataclasses.fields(OverlapConfig)},
+    )
+
+
+class ProposalBody(BaseModel):
+    """`autotune.proposal.Proposal.to_dict()`: configs to measure together on one slot, and how often."""
+
+    number: int
+    """The Optuna trial it tells into."""
+    configs: list[OverlapConfigBody]
+    purpose: Purpose
+    repeats: int
+    rounds: int
+
+    def to_proposal(self) -> Proposal:
+        return Proposal.from_dict(self.model_dump())
+
+
+MAX_FIRST_CONFIGS = 16
+"""Configs a job may ask to measure first per slot: each one is a trial of the slot's budget."""
+
+
 class JobCreate(Strict):
     shape: ShapeCreate
     layers: Annotated[list[Annotated[str, Field(max_length=64)]], Field(min_length=1, max_length=16)] | None = None
@@ -79,6 +135,20 @@ class JobCreate(Strict):
     gpu: Name | None = None
     """GPU model the trials must run on, as NVML names it (``NVIDIA H200``, any case) or short (``h200``); any
     model when left out.  Once the job starts it carries the full name of the model it runs on."""
+    measure_first: (
+        Annotated[
+            dict[
+                Annotated[str, Field(max_length=64)],
+                Annotated[list[OverlapConfigBody], Field(min_length=1, max_length=MAX_FIRST_CONFIGS)],
+            ],
+            Field(max_length=16),
+        ]
+        | None
+    ) = None
+    """Configs to measure first, per slot (TE's names, slots the job tunes): with the baselines, before the
+    search proposes anything.  Each must be one the slot's search space holds on the job's backend, else a
+    422 names the slot and the knob.  They seed a study when it is created: a shape, slot and GPU model
+    already tuned keep the study they have."""
 
 
 class JobAccepted(BaseModel):
@@ -98,7 +168,7 @@ class Progress(BaseModel):
 class BestSoFar(BaseModel):
     trial_id: int | None
     """The trial that measured it (None when the slot was decided from an earlier job's study)."""
-    config: dict[str, Any]
+    config: OverlapConfigBody
     measurement: dict[str, Any]
     final: bool
     """True once the slot is decided (the finalists' winner); False for the fastest trial so far."""
@@ -124,6 +194,7 @@ class JobSummary(BaseModel):
     n_trials: int
     backend: str
     gpu: str | None
+    measure_first: dict[str, list[OverlapConfigBody]] | None
     error: str | None
     created_at: datetime
     updated_at: datetime
@@ -150,7 +221,7 @@ class TrialPublic(BaseModel):
     optuna_trial_number: int
     purpose: str
     state: str
-    config: dict[str, Any]
+    config: ProposalBody
     """The tuner's proposal: the config(s) to measure, repeats and rounds."""
     measurement: dict[str, Any] | None
     """``{"measurements": [...]}``, one per proposed config, once complete."""
@@ -255,8 +326,8 @@ class ClaimPublic(BaseModel):
     slot: str
     shape: dict[str, Any]
     backend: str
-    proposal: dict[str, Any]
-    """`autotune.studies.Proposal.to_dict()`: what to measure and how often."""
+    proposal: ProposalBody
+    """What to measure and how often."""
     lease_expires_at: datetime
     lease_s: float
     """Renew well before this runs out (every third of it)."""

@@ -109,10 +109,18 @@ class Client:
         n_trials: int | None = None,
         backend: str | None = None,
         gpu: str | None = None,
+        measure_first: dict[str, list[dict[str, Any]]] | None = None,
     ) -> JobAccepted:
-        """Queue a job for ``shape`` (sent as given: the controller applies the defaults)."""
+        """Queue a job for ``shape`` (sent as given: the controller applies the defaults).  ``measure_first``:
+        per slot, configs (as `OverlapConfig.to_dict` writes them) to measure before the search proposes any."""
         body: dict[str, Any] = {"shape": shape.as_given()}
-        optional = {"layers": layers, "n_trials": n_trials, "backend": backend, "gpu": gpu}
+        optional = {
+            "layers": layers,
+            "n_trials": n_trials,
+            "backend": backend,
+            "gpu": gpu,
+            "measure_first": measure_first,
+        }
         body |= {k: v for k, v in optional.items() if v is not None}
         return self._call(JobAccepted, "POST", "/v1/jobs", json=body)
 

@@ -23,7 +23,6 @@ import httpx
 from api.schemas import ClaimPublic
 from autotune.client import ApiError, Client
 from autotune.inventory import worker_body
-from autotune.proposal import Proposal
 from overlap_runtime.errors import InputError, LeaseLost, TrialFailure
 from overlap_runtime.runtime import Runtime
 from overlap_runtime.shape import ModelShape, Slot
@@ -131,7 +130,7 @@ class WorkerLoop:
         try:
             shape = ModelShape(**claim.shape)
             slot = Slot(claim.slot)
-            proposal = Proposal.from_dict(claim.proposal)
+            proposal = claim.proposal.to_proposal()
             measurements = self._runtime_for(shape.tp).measure_many(
                 shape,
                 slot,

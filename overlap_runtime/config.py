@@ -1,40 +1,34 @@
 """Overlap configs and the rules this runtime can honour.
 
 An `OverlapConfig` carries TE's `ub_cfgs` keys (method, num_sm, num_splits, ...) plus our own knobs
-(`num_max_streams`, `gemm`).  A knob left as None means "the method's default on this backend"; a knob
-set to a value that the method or the backend cannot honour is rejected with a `ConfigError`, never
-silently ignored.  Torch-free, so `search_spaces` can check its spaces against it anywhere.
+(`num_max_streams`, `gemm`, `fused`); `overlap_runtime.knobs` says what each one is.  A knob left unset
+means "the method's default on this backend"; a knob set to a value that the method or the backend cannot
+honour is rejected with a `ConfigError`, never silently ignored.  Torch-free, so `search_spaces` can check
+its spaces against it anywhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from overlap_runtime.errors import ConfigError
+from overlap_runtime.knobs import (
+    BACKENDS,
+    BY_NAME,
+    CONFIG_KNOBS,
+    MAX_CGA_SIZE,
+    MAX_NUM_SM,
+    MAX_NUM_SPLITS,
+    MAX_STREAMS,
+    Kind,
+    Knob,
+    Method,
+)
 from overlap_runtime.shape import RS_DGRAD_SLOTS, Collective, ModelShape, Slot, SlotGemm, slot_gemm
-
-BACKENDS = ("cpu", "cuda")
-GEMM_KINDS = ("triton", "cublas")
-MAX_NUM_SM = 64
-MAX_NUM_SPLITS = 16
-MAX_CGA_SIZE = 4
-MAX_STREAMS = 4
-
-
-class Method(enum.StrEnum):
-    NONE = "none"
-    """Collective and GEMM back to back: the baseline every search includes."""
-    RING_EXCHANGE = "ring_exchange"
-    """tp chunks; GEMM on one chunk while the next moves (AG), or partials sent to their owners (RS)."""
-    PIPELINE = "pipeline"
-    """num_splits output-feature chunks; RS of chunk i while chunk i+1 computes."""
-    BULK = "bulk"
-    """An independent AG/RS on the comm stream beside one full GEMM."""
-    EXTERNAL = "external"
-    """TE's MXFP8-only wgrad all-gather; catalogued, not measured."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,51 +42,41 @@ class DeviceLimits:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OverlapConfig:
-    """One candidate config for one slot (TE `ub_cfgs` entry plus our knobs)."""
+    """One candidate config for one slot (TE `ub_cfgs` entry plus our knobs).
+
+    Each field is a knob of `overlap_runtime.knobs.KNOBS`, whose entry says what it does; unset is None, or
+    False for a flag that is off unless asked for.
+    """
 
     method: Method
     num_sm: int | None = None
-    """SMs for SM-driven communication (NCCL CTAs); with set_sm_margin also taken from the GEMM."""
     num_splits: int | None = None
-    """pipeline: chunks along the GEMM's output-feature dim (must divide it)."""
     aggregate: bool = False
-    """ring_exchange all-gather: two chunks per step (tp >= 4; on CUDA the send/recv ring, use_ce=false)."""
     use_ce: bool | None = None
-    """ring_exchange (default True) and bulk (default False): copy-engine pushes into peer buffers (True)
-    or NCCL kernels on num_sm SMs (False)."""
     set_sm_margin: bool = False
-    """Hold the GEMM to sm_count - num_sm SMs."""
     atomic_gemm: bool = False
     fp8_buf: bool = False
     cga_size: int | None = None
-    """Cluster size of SM-driven comm kernels."""
     num_max_streams: int | None = None
-    """Compute streams that the chunk GEMMs rotate over."""
     comm_priority: int | None = None
     gemm_priority: int | None = None
     pipeline_rs_overlap_first_gemm: bool = False
-    """pipeline: launch GEMM chunk i+1 before the RS of chunk i."""
     gemm: str | None = None
-    """Our knob: which GEMM runs the chunks, "triton" (ours, SM-bounded) or "cublas"."""
     fused: bool = False
-    """Our knob, ring_exchange with our triton GEMM: all tp chunks in one launch that moves them itself
-    (all-gather: waits in-kernel for each copy-engine push; reduce-scatter: counts each segment of a
-    partial done for the copy engine to push to its owner, and adds the ones received), see `ring_gemm`."""
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "method", Method(self.method))
         except ValueError:
             raise ConfigError("method", f"must be one of {', '.join(m.value for m in Method)}", self.method) from None
-        for name in ("num_sm", "num_splits", "cga_size", "num_max_streams", "comm_priority", "gemm_priority"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ConfigError(name, "must be an integer", value)
-        for name in ("aggregate", "set_sm_margin", "atomic_gemm", "fp8_buf", "pipeline_rs_overlap_first_gemm", "fused"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, "must be true or false", getattr(self, name))
-        if self.use_ce is not None and not isinstance(self.use_ce, bool):
-            raise ConfigError("use_ce", "must be true or false", self.use_ce)
+        for knob in CONFIG_KNOBS:
+            value = getattr(self, knob.name)
+            if value is None and DEFAULTS.get(knob.name) is None:
+                continue
+            if knob.kind == Kind.FLAG and not isinstance(value, bool):
+                raise ConfigError(knob.name, "must be true or false", value)
+            if knob.kind in (Kind.COUNT, Kind.INTEGER) and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(knob.name, "must be an integer", value)
 
     def to_dict(self) -> dict[str, Any]:
         """The knobs that differ from their unset default, method first."""
@@ -114,6 +98,48 @@ class OverlapConfig:
         return cls(**data)
 
 
+DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {f.name: f.default for f in dataclasses.fields(OverlapConfig) if f.default is not dataclasses.MISSING}
+)
+"""Each knob's unset value (every field but method has one)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KnobOption:
+    """One knob as a command-line option (typer's terms): what a CLI needs to offer it."""
+
+    name: str
+    """The parameter, an `OverlapConfig` field."""
+    flags: str
+    """The option's declaration: ``--num-sm``; a pair such as ``--use-ce/--no-ce`` for a flag whose unset
+    value is the method's default (None), so either answer can be given."""
+    type: Any
+    default: Any
+    """Unset; None for method, which has none (a CLI may take the whole config another way)."""
+    help: str
+    bounds: tuple[int, int] | None
+    choices: tuple[str, ...]
+
+
+def knob_options() -> tuple[KnobOption, ...]:
+    """Every knob of `OverlapConfig` as a CLI option, in field order."""
+    options = []
+    for knob in (BY_NAME[f.name] for f in dataclasses.fields(OverlapConfig)):
+        default = DEFAULTS.get(knob.name)
+        options.append(
+            KnobOption(
+                name=knob.name,
+                flags=knob.cli_flags,
+                type=knob.value_type if default is False else knob.value_type | None,
+                default=default,
+                help=knob.help,
+                bounds=knob.bounds,
+                choices=knob.choices,
+            )
+        )
+    return tuple(options)
+
+
 def uses_rs_dgrad(slot: Slot, method: Method) -> bool:
     """TE moves qkv_dgrad / fc1_dgrad to a reduce-scatter of their output under any method but bulk."""
     return slot in RS_DGRAD_SLOTS and method in (Method.RING_EXCHANGE, Method.PIPELINE)
@@ -122,9 +148,6 @@ def uses_rs_dgrad(slot: Slot, method: Method) -> bool:
 def problem(shape: ModelShape, slot: Slot, method: Method) -> SlotGemm:
     """The GEMM + collective that ``method`` runs for ``slot``."""
     return slot_gemm(shape, Slot(slot), rs_dgrad=uses_rs_dgrad(Slot(slot), Method(method)))
-
-
-_CPU_MEANINGLESS = ("num_sm", "use_ce", "cga_size", "num_max_streams", "comm_priority", "gemm_priority", "gemm")
 
 
 def check_config(
@@ -138,17 +161,12 @@ def check_config(
     if backend not in BACKENDS:
         raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
     _check_method(config.method, gemm)
-    if config.atomic_gemm:
-        raise ConfigError("atomic_gemm", "needs FP8 GEMMs, which this runtime does not run yet", True)
-    if config.fp8_buf:
-        raise ConfigError("fp8_buf", "needs FP8 GEMMs, which this runtime does not run yet", True)
-    if backend == "cpu":
-        for name in _CPU_MEANINGLESS:
-            if getattr(config, name) is not None:
-                raise ConfigError(name, "has no meaning on the cpu backend; leave it unset", getattr(config, name))
-        for name in ("set_sm_margin", "fused"):
-            if getattr(config, name):
-                raise ConfigError(name, "has no meaning on the cpu backend; leave it false", True)
+    for knob in CONFIG_KNOBS:
+        if knob.fp8 is not None and getattr(config, knob.name):
+            raise ConfigError(knob.name, "needs FP8 GEMMs, which this runtime does not run yet", True)
+    _leave_unset(
+        config, (k for k in CONFIG_KNOBS if backend not in k.backends), f"has no meaning on the {backend} backend"
+    )
     _check_knobs(config, gemm, limits)
     if backend == "cuda" and config.aggregate and config.use_ce is not False:
         raise ConfigError(
@@ -157,6 +175,13 @@ def check_config(
             "aggregate: aggregate needs use_ce=false (the send/recv ring)",
             True,
         )
+
+
+def _leave_unset(config: OverlapConfig, knobs: Iterable[Knob], why: str) -> None:
+    for knob in knobs:
+        value, unset = getattr(config, knob.name), DEFAULTS[knob.name]
+        if value != unset:
+            raise ConfigError(knob.name, f"{why}; leave it {'false' if unset is False else 'unset'}", value)
 
 
 def _check_method(method: Method, gemm: SlotGemm) -> None:
@@ -199,12 +224,9 @@ def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | N
     method = config.method
     chunked = method in (Method.RING_EXCHANGE, Method.PIPELINE)
     if method == Method.NONE:
-        for name in ("num_sm", "num_splits", "use_ce", "cga_size", "num_max_streams", "comm_priority", "gemm_priority"):
-            if getattr(config, name) is not None:
-                raise ConfigError(name, "has no meaning for method none (nothing overlaps)", getattr(config, name))
-        for name in ("aggregate", "set_sm_margin", "pipeline_rs_overlap_first_gemm", "fused"):
-            if getattr(config, name):
-                raise ConfigError(name, "has no meaning for method none (nothing overlaps)", True)
+        _leave_unset(
+            config, (k for k in CONFIG_KNOBS if k.overlap_only), "has no meaning for method none (nothing overlaps)"
+        )
     if config.num_sm is not None:
         max_sm = MAX_NUM_SM if limits is None else min(MAX_NUM_SM, limits.sm_count - 1)
         if not 1 <= config.num_sm <= max_sm:
@@ -268,8 +290,10 @@ def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | N
             hi, lo = limits.priority_range
             if not hi <= value <= lo:
                 raise ConfigError(name, f"must be a stream priority between {hi} (highest) and {lo}", value)
-    if config.gemm is not None and config.gemm not in GEMM_KINDS:
-        raise ConfigError("gemm", f"must be one of {', '.join(GEMM_KINDS)}", config.gemm)
+    for knob in CONFIG_KNOBS:
+        value = getattr(config, knob.name)
+        if knob.kind == Kind.CHOICE and value is not None and value not in knob.choices:
+            raise ConfigError(knob.name, f"must be one of {', '.join(knob.choices)}", value)
     if config.fused:
         _check_fused(config)
 

@@ -11,8 +11,7 @@ unset (`check_config`).  `as_runnable` maps one to the other:
 - ``fp8_buf`` only picks the buffer dtype under FP8 quantization; the runtime runs bf16 GEMMs, so it goes.
 - TE always rotates chunk GEMMs over min(3, chunks) streams and runs cuBLAS: ``num_max_streams`` and
   ``gemm`` say so explicitly on cuda.
-- On cpu only method, num_splits, aggregate and pipeline_rs_overlap_first_gemm survive (the rest has no
-  CPU meaning).
+- On cpu only the knobs that mean something there survive (`overlap_runtime.knobs.Knob.backends`).
 
 What has no runtime equivalent (atomic_gemm, an SM-copy ring aggregated at tp=2, num_sm above the device's)
 raises the runtime's `ConfigError`.
@@ -23,12 +22,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
+from overlap_runtime.knobs import CONFIG_KNOBS, Fp8Use, Origin
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import slot_info
 from search_spaces.space import sm_choices
 from search_spaces.te_dict import te_defaults, te_streams
 
-_CPU_KNOBS = ("num_splits", "aggregate", "pipeline_rs_overlap_first_gemm")
+
+def _carried(backend: str) -> tuple[str, ...]:
+    """The TE knobs the runtime copies from an entry on ``backend``: those with a meaning there, but an FP8
+    buffer, which a bf16 run drops (TE ignores it there too)."""
+    return tuple(
+        k.name
+        for k in CONFIG_KNOBS
+        if k.origin == Origin.TE and k.name != "method" and backend in k.backends and k.fp8 != Fp8Use.BUFFER
+    )
 
 
 def te_default(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLimits | None = None) -> OverlapConfig:
@@ -62,24 +70,9 @@ def as_runnable(
     """The runtime config that runs TE's effective ``entry`` (a preset's slot); ConfigError if none does."""
     slot = Slot(slot)
     gemm = problem(shape, slot, entry.method)
-    if backend == "cpu":
-        config = OverlapConfig(method=entry.method, **{k: getattr(entry, k) for k in _CPU_KNOBS})
-    else:
-        config = OverlapConfig(
-            method=entry.method,
-            num_sm=entry.num_sm,
-            num_splits=entry.num_splits,
-            aggregate=entry.aggregate,
-            use_ce=entry.use_ce,
-            set_sm_margin=entry.set_sm_margin,
-            atomic_gemm=entry.atomic_gemm,
-            cga_size=entry.cga_size,
-            comm_priority=entry.comm_priority,
-            gemm_priority=entry.gemm_priority,
-            pipeline_rs_overlap_first_gemm=entry.pipeline_rs_overlap_first_gemm,
-            num_max_streams=te_streams(entry, gemm.tp),
-            gemm="cublas",
-        )
+    config = OverlapConfig(method=entry.method, **{k: getattr(entry, k) for k in _carried(backend)})
+    if backend != "cpu":
+        config = replace(config, num_max_streams=te_streams(entry, gemm.tp), gemm="cublas")
         if entry.method == Method.RING_EXCHANGE:
             config = _ring_exchange(config)
         elif entry.method == Method.BULK:

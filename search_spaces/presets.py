@@ -2,8 +2,8 @@
 
 A preset holds TE's *effective* entries (every key TE would use, with TE's defaults filled in; see
 `te_dict.py`), never `Method.NONE` (TE cannot switch one slot off: docs/export.md) and never our
-runtime-only knobs (``num_max_streams``, ``gemm``), so it converts to NeMo YAML or a TE ``ub_cfgs`` dict
-without loss.  Slots left out take TE's defaults when TE reads the preset.
+runtime-only knobs (`overlap_runtime.knobs.RUNTIME_ONLY_KNOBS`), so it converts to NeMo YAML or a TE
+``ub_cfgs`` dict without loss.  Slots left out take TE's defaults when TE reads the preset.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from overlap_runtime.config import Method, OverlapConfig, uses_rs_dgrad
+from overlap_runtime.config import DEFAULTS, Method, OverlapConfig, uses_rs_dgrad
 from overlap_runtime.errors import InputError
+from overlap_runtime.knobs import RUNTIME_ONLY_KNOBS
 from overlap_runtime.shape import DTYPES, ModelShape, Slot
 from search_spaces.catalog import ATOMIC_PAIRS, EXTERNAL_PARTNER, RS_DGRAD_WGRAD, SLOT_ORDER, slot_info, suggest
-
-RUNTIME_ONLY_KNOBS = ("num_max_streams", "gemm", "fused")
-"""OverlapConfig fields that TE has no key for (TE raises TypeError on unknown ub_cfgs keys)."""
 
 
 class PresetError(InputError):
@@ -92,7 +90,7 @@ def _check_entry(slot: Slot, config: OverlapConfig) -> None:
         )
     check_method(slot, config.method)
     for name in RUNTIME_ONLY_KNOBS:
-        if getattr(config, name) not in (None, False):
+        if getattr(config, name) != DEFAULTS[name]:
             raise PresetError(f"{where}.{name}", "is our runtime's knob, not a TE ub_cfgs key", getattr(config, name))
 
 

@@ -29,21 +29,14 @@ CPU spaces hold at most about twenty configs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from overlap_runtime.config import (
-    BACKENDS,
-    GEMM_KINDS,
-    MAX_NUM_SM,
-    MAX_NUM_SPLITS,
-    DeviceLimits,
-    Method,
-    OverlapConfig,
-    problem,
-)
+from overlap_runtime.config import DEFAULTS, DeviceLimits, Method, OverlapConfig, check_config, problem
 from overlap_runtime.errors import ConfigError, InputError
+from overlap_runtime.knobs import BACKENDS, GEMM_KINDS, MAX_NUM_SM, MAX_NUM_SPLITS
 from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
 from search_spaces.catalog import search_methods, slot_info
 from search_spaces.te_dict import TE_NUM_MAX_STREAMS, te_defaults
@@ -103,15 +96,35 @@ class SlotSpace:
 
     def choices_of(self, config: OverlapConfig) -> dict[str, object] | None:
         """The knob choices that produce ``config`` (for enqueuing it as a trial), or None if it is not in the space."""
-        if config.method not in self.methods:
+        try:
+            return self.choices_for(config)
+        except ConfigError:
             return None
+
+    def choices_for(self, config: OverlapConfig) -> dict[str, object]:
+        """The knob choices that produce ``config``; ConfigError naming the first knob that takes it out of
+        the space: a value the space does not offer, or one that the other knobs imply otherwise."""
+        where = f"in the search space of {self.slot.value} on {self.backend}"
         chosen: dict[str, object] = {}
         while (param := self.next_param(config.method, chosen)) is not None:
             value = getattr(config, param.name)
             if not _is_choice(value, param.choices):
-                return None
+                raise ConfigError(param.name, f"must be one of {param.choices} {where}", value)
             chosen[param.name] = value
-        return chosen if self.config(config.method, chosen) == config else None
+        built = self.config(config.method, chosen)
+        for name, value in _differing(built, config):
+            if name not in self.params or getattr(built, name) == DEFAULTS[name]:
+                rule = f"is not searched {where}: leave it {'false' if DEFAULTS[name] is False else 'unset'}"
+            else:
+                rule = f"must be {json.dumps(getattr(built, name))} {where} with the other knobs as given"
+            raise ConfigError(name, rule, value)
+        return chosen
+
+    def check(self, config: OverlapConfig) -> None:
+        """Raise `ConfigError` naming the knob unless ``config`` runs here and lies in the space (a config a
+        user asks to measure): the runtime's rules first, which say why, then the space's choices."""
+        check_config(config, problem(self.shape, self.slot, config.method), backend=self.backend, limits=self.limits)
+        self.choices_for(config)
 
     def __contains__(self, config: object) -> bool:
         return isinstance(config, OverlapConfig) and self.choices_of(config) is not None
@@ -154,6 +167,11 @@ class SlotSpace:
     @property
     def cpu(self) -> bool:
         return self.backend == "cpu"
+
+
+def _differing(a: OverlapConfig, b: OverlapConfig) -> list[tuple[str, object]]:
+    """(knob, value in ``b``) for each knob where ``b`` differs from ``a``."""
+    return [(name, getattr(b, name)) for name in DEFAULTS if getattr(a, name) != getattr(b, name)]
 
 
 def _is_choice(value: object, choices: tuple) -> bool:

@@ -15,68 +15,28 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import DEFAULTS, Method, OverlapConfig
+from overlap_runtime.knobs import BY_NAME, RUNTIME_ONLY_KNOBS, TE_KEYS, TE_METHODS, Kind, te_used
 from overlap_runtime.shape import Slot
-from search_spaces.catalog import AG, BK, EXT, PL, RS, RX, collective, slot_info, suggest
-from search_spaces.presets import RUNTIME_ONLY_KNOBS, Preset, PresetError, PresetWarning, check_method
+from search_spaces.catalog import AG, PL, RS, RX, collective, slot_info, suggest
+from search_spaces.presets import Preset, PresetError, PresetWarning, check_method
 
-TE_KEYS = (
-    "method",
-    "is_reduce_scatter",
-    "num_sm",
-    "cga_size",
-    "num_splits",
-    "set_sm_margin",
-    "aggregate",
-    "use_ce",
-    "fp8_buf",
-    "atomic_gemm",
-    "pipeline_rs_overlap_first_gemm",
-    "comm_priority",
-    "gemm_priority",
-)
-"""Every key TE's `add_ub` accepts, in the order NVIDIA's files write them."""
-
-TE_METHODS = (RX, PL, BK, EXT)
 TE_MAX_SMS = 32
 """userbuffers' NVTE_MAX_SMS: TE's comm kernels are built for at most 32 CTAs (docs/te_rules.md, NVTE_MAX_SMS = 32)."""
 TE_NUM_MAX_STREAMS = 3
 """TE's fixed `_NUM_MAX_UB_STREAMS`: chunk GEMMs rotate over min(3, chunks) compute streams."""
 
-FLAG_KEYS = frozenset(
-    {
-        "is_reduce_scatter",
-        "set_sm_margin",
-        "aggregate",
-        "use_ce",
-        "fp8_buf",
-        "atomic_gemm",
-        "pipeline_rs_overlap_first_gemm",
-    }
-)
-_COUNT_KEYS = frozenset({"num_sm", "cga_size", "num_splits"})
-_COMMON = ("num_sm", "cga_size", "set_sm_margin", "fp8_buf", "comm_priority", "gemm_priority")
-_USED = {
-    RX: (*_COMMON, "aggregate", "use_ce", "atomic_gemm"),
-    PL: (*_COMMON, "num_splits", "atomic_gemm", "pipeline_rs_overlap_first_gemm"),
-    BK: _COMMON,
-    EXT: _COMMON,
-}
-_PLAIN_DEFAULTS: dict[str, Any] = {
-    "num_splits": 4,
-    "aggregate": False,
-    "use_ce": True,
-    "atomic_gemm": False,
-    "pipeline_rs_overlap_first_gemm": False,
-}
+_TE_KNOBS = tuple(BY_NAME[key] for key in TE_KEYS)
+FLAG_KEYS = frozenset(k.name for k in _TE_KNOBS if k.kind == Kind.FLAG)
+_COUNT_KEYS = frozenset(k.name for k in _TE_KNOBS if k.kind == Kind.COUNT)
+_PLAIN_DEFAULTS: dict[str, Any] = {k.name: k.te_default for k in _TE_KNOBS if k.te_default is not None}
 """TE's defaults that depend on neither the slot nor the method.  Keys some methods ignore are all here:
 giving one at its default is harmless, any other value is a mistake."""
 
 
 def used_keys(slot: Slot, method: Method) -> tuple[str, ...]:
     """Keys TE's communicator for ``method`` reads (aggregate only in a ring_exchange all-gather)."""
-    keys = _USED[method]
-    return tuple(k for k in keys if k != "aggregate" or collective(slot, method) == AG)
+    return tuple(k for k in te_used(method) if k != "aggregate" or collective(slot, method) == AG)
 
 
 def te_defaults(slot: Slot, method: Method) -> dict[str, Any]:
@@ -182,8 +142,7 @@ def te_config(slot: Slot, config: OverlapConfig) -> OverlapConfig:
     """
     if config.method == Method.NONE:
         raise PresetError(f"{slot.value}.method", "none is not a TE method", "none")
-    defaults = {f.name: f.default for f in dataclasses.fields(OverlapConfig)}
-    plain = dataclasses.replace(config, **{name: defaults[name] for name in RUNTIME_ONLY_KNOBS})
+    plain = dataclasses.replace(config, **{name: DEFAULTS[name] for name in RUNTIME_ONLY_KNOBS})
     given = {k: getattr(plain, k) for k in used_keys(slot, plain.method) if getattr(plain, k) is not None}
     if plain.num_sm is None:  # the runtime cannot set a margin without num_sm: "no margin" there means "default"
         given.pop("set_sm_margin", None)

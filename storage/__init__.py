@@ -16,7 +16,7 @@ Typical start-up::
 from storage.best import get_best, list_winners, upsert_best
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
 from storage.errors import Conflict, NotFound, StorageError
-from storage.jobs import cancel_job, create_job, get_job, list_jobs, set_job_status
+from storage.jobs import cancel_job, create_job, first_configs, get_job, list_jobs, set_job_status
 from storage.leader import SCHEDULER, acquire_leadership, get_leader, release_leadership
 from storage.migrate import VERSION_TABLE, alembic_config, current_revision, upgrade
 from storage.models import (
@@ -81,6 +81,7 @@ __all__ = [
     "default_sqlite_path",
     "expire_leases",
     "fail_trial",
+    "first_configs",
     "get_best",
     "get_job",
     "get_layer_study",

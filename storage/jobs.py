@@ -8,12 +8,13 @@ WHERE match nothing, and the loser gets `Conflict`.  Once terminal, a job stays 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from overlap_runtime.config import OverlapConfig
 from overlap_runtime.shape import ModelShape
 from storage.errors import Conflict, NotFound, wraps_driver_errors
 from storage.models import ACTIVE_JOB_STATUSES, Backend, Job, JobStatus, LayerStudy, utcnow
@@ -29,9 +30,13 @@ def create_job(
     n_trials: int,
     backend: Backend,
     gpu: str | None = None,
+    measure_first: Mapping[str, Sequence[OverlapConfig]] | None = None,
     now: datetime | None = None,
 ) -> Job:
-    """Queue a job; its layer studies are added by the controller when it picks the job up."""
+    """Queue a job; its layer studies are added by the controller when it picks the job up.
+
+    ``measure_first``: per slot, configs that seed the slot's study when it is created (`first_configs`).
+    """
     now = now or utcnow()
     job = Job(
         id=str(uuid.uuid4()),
@@ -42,6 +47,9 @@ def create_job(
         backend=Backend(backend),
         layers=list(layers),
         n_trials=n_trials,
+        measure_first=None
+        if measure_first is None
+        else {slot: [c.to_dict() for c in configs] for slot, configs in measure_first.items()},
         status=JobStatus.QUEUED,
         created_at=now,
         updated_at=now,
@@ -49,6 +57,11 @@ def create_job(
     session.add(job)
     session.commit()
     return job
+
+
+def first_configs(job: Job, slot: str) -> tuple[OverlapConfig, ...]:
+    """The configs the job's user asked to measure first on ``slot``."""
+    return tuple(OverlapConfig.from_dict(c) for c in (job.measure_first or {}).get(slot, ()))
 
 
 @wraps_driver_errors

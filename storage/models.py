@@ -129,6 +129,8 @@ class Job(Base):
     layers: Mapped[list[str]]
     n_trials: Mapped[int]
     """Trials per layer slot."""
+    measure_first: Mapped[dict[str, Any] | None]
+    """Slot -> the configs (`OverlapConfig.to_dict()`) the user asked to measure first; None when none."""
     status: Mapped[JobStatus] = mapped_column(index=True)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(index=True)

@@ -20,6 +20,7 @@ import yaml
 
 import storage
 from api.settings import Settings
+from overlap_runtime.config import OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 
@@ -112,6 +113,63 @@ def test_reads_need_no_token(anonymous: httpx.Client) -> None:
 def test_each_bad_job_is_a_422_naming_the_field_and_the_rule(
     http: httpx.Client, body: dict[str, Any], field: str, rule: str
 ) -> None:
+    response = http.post("/v1/jobs", json=body)
+    assert response.status_code == 422, response.text
+    (error,) = errors_of(response)
+    assert error["field"] == field and rule in error["rule"], error
+
+
+PIPELINE_FIRST = {"method": "pipeline", "num_splits": 2, "pipeline_rs_overlap_first_gemm": True, "num_sm": 8}
+"""The knobs a cuda proj_fprop config of the space chooses, without those it implies."""
+PIPELINE_IMPLIED = {"set_sm_margin": True, "cga_size": 2, "gemm": "cublas", "num_max_streams": 2}
+
+
+def test_configs_to_measure_first_are_kept_as_given_with_the_job(http: httpx.Client) -> None:
+    pipeline = {**PIPELINE_FIRST, **PIPELINE_IMPLIED}
+    fused = {"method": "ring_exchange", "gemm": "triton", "fused": True}
+    first = {"proj_fprop": [pipeline, {"method": "none"}], "qkv_fprop": [fused]}
+    job = http.get(f"/v1/jobs/{submit(http, layers=['qkv_fprop', 'proj_fprop'], measure_first=first)['id']}").json()
+    assert job["measure_first"] == first
+    # In OverlapConfig.to_dict's key order, as every config the service serves.
+    assert list(job["measure_first"]["proj_fprop"][0]) == list(OverlapConfig.from_dict(pipeline).to_dict())
+    assert http.get(f"/v1/jobs/{submit(http)['id']}").json()["measure_first"] is None
+
+
+@pytest.mark.parametrize(
+    ("first", "backend", "field", "rule"),
+    [
+        ({"fc1_fprop": [{"method": "none"}]}, "cuda", "measure_first.fc1_fprop", "not a slot this job tunes"),
+        ({"proj_fprp": [{"method": "none"}]}, "cuda", "measure_first.proj_fprp", "did you mean proj_fprop?"),
+        ({"proj_fprop": []}, "cuda", "measure_first.proj_fprop", "at least 1 item"),
+        ({"proj_fprop": [{"method": "bulk", "num_sm": 65}]}, "cuda", "measure_first.proj_fprop.0.num_sm", "64"),
+        ({"proj_fprop": [{"method": "none", "use_ce": 1}]}, "cuda", "measure_first.proj_fprop.0.use_ce", "boolean"),
+        ({"proj_fprop": [{"method": "none", "n_sm": 1}]}, "cuda", "measure_first.proj_fprop.0.n_sm", "Extra inputs"),
+        ({"proj_fprop": [{"method": "bulk"}]}, "cuda", "measure_first.proj_fprop.0.method", "coupled"),
+        (
+            {"proj_fprop": [{"method": "none"}, {**PIPELINE_FIRST, "fp8_buf": True}]},
+            "cuda",
+            "measure_first.proj_fprop.1.fp8_buf",
+            "needs FP8 GEMMs",
+        ),
+        (
+            {"proj_fprop": [{**PIPELINE_FIRST, **PIPELINE_IMPLIED, "comm_priority": -1}]},
+            "cuda",
+            "measure_first.proj_fprop.0.comm_priority",
+            "is not searched in the search space of proj_fprop on cuda",
+        ),
+        (
+            {"proj_fprop": [{**PIPELINE_FIRST, **PIPELINE_IMPLIED, "cga_size": 4}]},
+            "cuda",
+            "measure_first.proj_fprop.0.cga_size",
+            "must be 2",
+        ),
+        ({"proj_fprop": [PIPELINE_FIRST]}, "cpu", "measure_first.proj_fprop.0.num_sm", "no meaning on the cpu backend"),
+    ],
+)
+def test_a_config_to_measure_first_that_is_not_legal_on_its_slot_is_a_422_naming_the_slot_and_knob(
+    http: httpx.Client, first: dict[str, Any], backend: str, field: str, rule: str
+) -> None:
+    body = {"shape": SHAPE, "layers": ["qkv_fprop", "proj_fprop"], "backend": backend, "measure_first": first}
     response = http.post("/v1/jobs", json=body)
     assert response.status_code == 422, response.text
     (error,) = errors_of(response)

@@ -158,6 +158,25 @@ def test_configs_the_runtime_rejects_are_not_in_the_space(space: SlotSpace, data
         assert config not in space
 
 
+@settings(max_examples=200, deadline=None)
+@given(spaces(), st.data())
+def test_check_passes_configs_of_the_space_and_names_the_knob_of_one_outside(
+    space: SlotSpace, data: st.DataObject
+) -> None:
+    config = random_walk(space, data)
+    space.check(config)
+    name = data.draw(st.sampled_from(sorted(MUTATIONS)))
+    mutated = dataclasses.replace(config, **{name: data.draw(MUTATIONS[name])})
+    if mutated in space:
+        space.check(mutated)
+        return
+    with pytest.raises(ConfigError) as info:
+        space.check(mutated)
+    assert info.value.field in {f.name for f in dataclasses.fields(OverlapConfig)}
+    if accepts(space, mutated):  # the runtime would run it: the space's own rule refuses it
+        assert "search space" in info.value.rule or info.value.field == "method", info.value
+
+
 @FAST
 @given(shapes(), st.sampled_from(TUNED), st.sampled_from(BACKENDS), limits)
 def test_te_default_is_a_config_the_runtime_accepts_and_the_space_holds(

@@ -46,7 +46,7 @@ def trials_of(service: Service, job_id: str) -> list[TrialPublic]:
 
 def measured_pairs(trial: TrialPublic) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(config, measurement) of each config a complete trial measured."""
-    return list(zip(trial.config["configs"], trial.measurement["measurements"], strict=True))
+    return list(zip([c.model_dump() for c in trial.config.configs], trial.measurement["measurements"], strict=True))
 
 
 def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> None:
@@ -101,6 +101,24 @@ def test_tiny_job_on_sqlite_succeeds_and_its_best_and_yaml_match_the_trials(make
     assert_each_trial_claimed_once(trials_of(service, job_id))
 
 
+def test_a_config_asked_to_be_measured_first_is_measured_before_the_search(make_service, sqlite_url: str) -> None:
+    first = {"method": "pipeline", "num_splits": 8, "pipeline_rs_overlap_first_gemm": True}
+    service = make_service(db_url=sqlite_url)
+    service.start_controller()
+    service.start_worker()
+    with service.client() as client:
+        job_id = client.submit(
+            shape=TINY_SHAPE, layers=["proj_fprop"], n_trials=6, backend="cpu", measure_first={"proj_fprop": [first]}
+        ).id
+    assert service.wait_for_job(job_id).status == "succeeded"
+    trials = [t for t in trials_of(service, job_id) if t.purpose != "finalist"]
+    (mine,) = [t for t in trials if [c.model_dump() for c in t.config.configs] == [first]]
+    assert mine.purpose == "baseline" and mine.state == "complete"
+    assert mine.measurement["measurements"][0]["valid"]
+    searched = [t.optuna_trial_number for t in trials if t.purpose == "search"]
+    assert searched and mine.optuna_trial_number < min(searched)
+
+
 def test_four_workers_on_postgres_never_share_a_trial(make_service, postgres_url: str) -> None:
     service = make_service(db_url=postgres_url)
     service.start_controller()
@@ -138,7 +156,7 @@ def test_a_trial_whose_worker_is_killed_is_retried_after_its_lease(make_service,
         retried = [
             t
             for t in trials.values()
-            if t.id > lost.id and t.state == "complete" and t.config["configs"] == lost.config["configs"]
+            if t.id > lost.id and t.state == "complete" and t.config.configs == lost.config.configs
         ]
         assert retried, f"trial {lost.id} was never measured again"
     for trial_id, trial in before.items():
@@ -243,9 +261,9 @@ def test_a_worker_reporting_measurements_of_the_old_shape_is_heard_beside_one_re
         sent: dict[int, dict[str, Any]] = {}
         for turn in range(12):
             claim = service.wait_until(lambda: client.claim(worker.id), timeout_s=30, what="a claim")
-            finalist = claim.proposal["purpose"] == "finalist"
+            finalist = claim.proposal.purpose == "finalist"
             body = new if turn % 2 or finalist else old
-            n = len(claim.proposal["configs"])
+            n = len(claim.proposal.configs)
             assert client.report(worker.id, claim.trial_id, measurements=[body] * n).state == "complete"
             sent[claim.trial_id] = body
             if finalist:

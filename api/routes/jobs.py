@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response, status
@@ -21,7 +21,11 @@ import storage
 from api.deps import Authorized, SessionDep, SessionsDep, SettingsDep
 from api.schemas import ErrorPublic, JobAccepted, JobCreate, JobPublic, JobsPage, JobSummary, TrialsPage
 from api.views import job_view, trial_view
-from search_spaces import tunable_slots
+from overlap_runtime.config import OverlapConfig
+from overlap_runtime.errors import ConfigError, InputError
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces import slot_space, tunable_slots
+from search_spaces.catalog import suggest
 from storage import Backend, JobStatus, TrialState
 from storage.models import ACTIVE_JOB_STATUSES
 
@@ -47,17 +51,43 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep, resp
     """Queue a tuning job; poll ``Location`` (or follow its ``/events``) until it has finished."""
     shape = body.shape.to_shape()
     slots = tunable_slots(shape, body.layers)
+    backend = Backend(body.backend or settings.default_backend)
     job = storage.create_job(
         session=session,
         shape=shape,
         layers=[s.value for s in slots],
         n_trials=body.n_trials,
-        backend=Backend(body.backend or settings.default_backend),
+        backend=backend,
         gpu=body.gpu,
+        measure_first=_measure_first(body, shape=shape, slots=slots, backend=backend),
     )
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return JobAccepted(id=job.id, status=job.status.value)
+
+
+def _measure_first(
+    body: JobCreate, *, shape: ModelShape, slots: Sequence[Slot], backend: Backend
+) -> dict[str, list[OverlapConfig]] | None:
+    """The job's configs to measure first, each checked against its slot's space: a 422 names the slot, the
+    config's index and the knob (a device the job lands on may still narrow the space: its study then skips
+    the config and says so)."""
+    if body.measure_first is None:
+        return None
+    names = [slot.value for slot in slots]
+    first: dict[str, list[OverlapConfig]] = {}
+    for name, bodies in body.measure_first.items():
+        where = f"measure_first.{name}"
+        if name not in names:
+            raise InputError(where, f"is not a slot this job tunes ({', '.join(names)}){suggest(name, names)}")
+        space = slot_space(shape, Slot(name), backend=backend.value)
+        first[name] = [config.to_config() for config in bodies]
+        for index, config in enumerate(first[name]):
+            try:
+                space.check(config)
+            except ConfigError as e:
+                raise InputError(f"{where}.{index}.{e.field}", e.rule, e.value) from None
+    return first
 
 
 @router.get("", responses={422: {"model": ErrorPublic}})
