@@ -44,6 +44,7 @@ import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -172,6 +173,46 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, c
     return min(choices, key=lambda choice: choice[:2])[2]
 
 
+class KernelConstants(NamedTuple):
+    """The compile-time constants of one launch that our kernels and their helpers share, passed as one
+    constexpr ``C`` (`launch` fills it).  A NamedTuple because Triton takes tuples, not dataclasses, as
+    kernel arguments; a ring kernel's ``CHUNKS`` stays a constexpr of its own, since Triton 3.6 gives fields
+    of a constexpr tuple to ``tl.static_range`` as plain ints, which it refuses."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int
+    NUM_SMS: int
+    """Programs of a full round: the stride of the persistent tile loop."""
+    FP32_IEEE: bool
+    """fp32 operands: full fp32 products, not TF32 (the tests compare against float64)."""
+    UPCAST: bool
+    """Interpreter only: bf16 operands go to fp32 before `tl.dot` (it multiplies bf16 bit patterns, triton#11584)."""
+    EVEN_M: bool
+    """M is a multiple of BLOCK_M: no row masks (EVEN_N, EVEN_K likewise)."""
+    EVEN_N: bool
+    EVEN_K: bool
+    TMA: bool
+    """The tiled operands are tensor descriptors, else pointers with strides."""
+    SPLIT_TAIL: bool
+    """The last round is cut along K (`split_tail`)."""
+
+
+@triton.jit
+def tile_grid(dims, tail, C: tl.constexpr, CHUNKS: tl.constexpr):
+    """The opening of every persistent kernel of ours, over ``CHUNKS`` chunks of ``dims`` = (M, N, K):
+    (pid, grid, whole_tiles, steps) = this program, one chunk's grid of tiles (rows, columns), the tiles that
+    the persistent loop walks (all chunks' but the ``tail[0]`` of a split tail) and a whole tile's K steps."""
+    M, N, K = dims
+    pid = tl.program_id(axis=0)
+    num_pid_m = (M + C.BLOCK_M - 1) // C.BLOCK_M
+    num_pid_n = (N + C.BLOCK_N - 1) // C.BLOCK_N
+    whole_tiles = CHUNKS * (num_pid_m * num_pid_n) - tail[0]
+    steps = (K + C.BLOCK_K - 1) // C.BLOCK_K
+    return pid, (num_pid_m, num_pid_n), whole_tiles, steps
+
+
 @triton.jit
 def load_block(ptrs, rows_ok, cols_ok, EVEN_ROWS: tl.constexpr, EVEN_COLS: tl.constexpr):
     """Load a 2-D block, masking (with zeros) only the dimensions that can be ragged."""
@@ -187,9 +228,10 @@ def load_block(ptrs, rows_ok, cols_ok, EVEN_ROWS: tl.constexpr, EVEN_COLS: tl.co
 
 
 @triton.jit
-def tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of ``tile`` in grouped order: GROUP_M rows of tiles are walked column by column, so
-    the b-blocks they share stay in L2."""
+def tile_position(tile, grid, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of ``tile`` in grouped order on ``grid`` (rows, columns of tiles): GROUP_M rows of tiles
+    are walked column by column, so the b-blocks they share stay in L2."""
+    num_pid_m, num_pid_n = grid
     num_pid_in_group = GROUP_M * num_pid_n
     first_pid_m = (tile // num_pid_in_group) * GROUP_M
     group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
@@ -199,65 +241,44 @@ def tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def partial_product(
-    a,
-    b,
-    off_m,
-    off_n,
-    k_lo,
-    k_hi,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """The fp32 tile ``a[off_m:off_m+BLOCK_M, ks] @ b[ks, off_n:off_n+BLOCK_N]`` over the K steps ``ks`` =
-    ``k_lo <= ki < k_hi`` of BLOCK_K each: all of them for a whole tile, a range for one part of a
-    `split_tail` tile.  With TMA, ``a`` and ``b`` are tensor descriptors (the copy hardware zero-fills past
-    the edges); else pointers with strides and masks."""
-    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
-    if TMA:
+def partial_product(a, b, off, ks, dims, stride_a, stride_b, C: tl.constexpr):
+    """The fp32 tile ``a[off_m:off_m+BLOCK_M, k] @ b[k, off_n:off_n+BLOCK_N]`` (``off`` = (off_m, off_n))
+    over the K steps ``ks`` = (k_lo, k_hi), ``k_lo <= ki < k_hi`` of BLOCK_K each: all of them for a whole
+    tile, a range for one part of a `split_tail` tile.  With TMA, ``a`` and ``b`` are tensor descriptors (the copy hardware
+    zero-fills past the edges); else pointers with strides (row, column) and masks."""
+    off_m, off_n = off
+    k_lo, k_hi = ks
+    M, N, K = dims
+    acc = tl.full((C.BLOCK_M, C.BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
+    if C.TMA:
         for ki in range(k_lo, k_hi):
-            a_block = a.load([off_m, ki * BLOCK_K])
-            b_block = b.load([ki * BLOCK_K, off_n])
-            acc = _dot(a_block, b_block, acc, FP32_IEEE, UPCAST)
+            a_block = a.load([off_m, ki * C.BLOCK_K])
+            b_block = b.load([ki * C.BLOCK_K, off_n])
+            acc = _dot(a_block, b_block, acc, C)
     else:
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
-        offs_k0 = tl.arange(0, BLOCK_K)
+        offs_m = off_m + tl.arange(0, C.BLOCK_M)
+        offs_n = off_n + tl.arange(0, C.BLOCK_N)
+        offs_k0 = tl.arange(0, C.BLOCK_K)
         mask_m = offs_m < M  # masks are applied only where EVEN_* says a dimension can be ragged
         mask_n = offs_n < N
-        a_ptrs = a + offs_m[:, None] * stride_am + (k_lo * BLOCK_K + offs_k0)[None, :] * stride_ak
-        b_ptrs = b + (k_lo * BLOCK_K + offs_k0)[:, None] * stride_bk + offs_n[None, :] * stride_bn
+        a_ptrs = a + offs_m[:, None] * stride_a[0] + (k_lo * C.BLOCK_K + offs_k0)[None, :] * stride_a[1]
+        b_ptrs = b + (k_lo * C.BLOCK_K + offs_k0)[:, None] * stride_b[0] + offs_n[None, :] * stride_b[1]
         for ki in range(k_lo, k_hi):
-            mask_k = offs_k0 < K - ki * BLOCK_K
-            a_block = load_block(a_ptrs, mask_m, mask_k, EVEN_M, EVEN_K)
-            b_block = load_block(b_ptrs, mask_k, mask_n, EVEN_K, EVEN_N)
-            acc = _dot(a_block, b_block, acc, FP32_IEEE, UPCAST)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+            mask_k = offs_k0 < K - ki * C.BLOCK_K
+            a_block = load_block(a_ptrs, mask_m, mask_k, C.EVEN_M, C.EVEN_K)
+            b_block = load_block(b_ptrs, mask_k, mask_n, C.EVEN_K, C.EVEN_N)
+            acc = _dot(a_block, b_block, acc, C)
+            a_ptrs += C.BLOCK_K * stride_a[1]
+            b_ptrs += C.BLOCK_K * stride_b[0]
     return acc
 
 
 @triton.jit
-def _dot(a, b, acc, FP32_IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    if UPCAST:  # interpreter only: it multiplies bf16 bit patterns (triton#11584)
+def _dot(a, b, acc, C: tl.constexpr):
+    if C.UPCAST:
         a = a.to(tl.float32)
         b = b.to(tl.float32)
-    # fp32 inputs: full fp32 products, not TF32 (the tests compare against float64).
-    if FP32_IEEE:  # noqa: SIM108 (keeps the bf16 path literally `tl.dot(a, b, acc)`)
+    if C.FP32_IEEE:  # noqa: SIM108 (keeps the bf16 path literally `tl.dot(a, b, acc)`)
         acc = tl.dot(a, b, acc, input_precision="ieee")
     else:
         acc = tl.dot(a, b, acc)
@@ -265,174 +286,96 @@ def _dot(a, b, acc, FP32_IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def store_tile(
-    c,
-    off_m,
-    off_n,
-    M,
-    N,
-    stride_cm,
-    stride_cn,
-    acc,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """``c[off_m:, off_n:] = acc`` in c's dtype: a descriptor store (clipped at the edges by the hardware)
-    with TMA, else a pointer store masked where a dimension can be ragged."""
+def store_tile(c, off, bounds, strides, acc, C: tl.constexpr, TMA: tl.constexpr):
+    """``c[off_m:, off_n:] = acc`` in c's dtype (``off`` = (off_m, off_n)): a descriptor store (clipped at the
+    edges by the hardware) with TMA, else a pointer store with ``strides`` (row, column), masked at ``bounds``
+    (rows, columns) where C's EVEN_M / EVEN_N say a dimension can be ragged."""
+    off_m, off_n = off
     if TMA:
         c.store([off_m, off_n], acc.to(c.dtype))
     else:
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
-        c_ptrs = c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        if EVEN_M and EVEN_N:
+        rows, cols = bounds
+        offs_m = off_m + tl.arange(0, C.BLOCK_M)
+        offs_n = off_n + tl.arange(0, C.BLOCK_N)
+        c_ptrs = c + offs_m[:, None] * strides[0] + offs_n[None, :] * strides[1]
+        if C.EVEN_M and C.EVEN_N:
             tl.store(c_ptrs, acc.to(c.dtype.element_ty))
         else:
-            tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+            tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=(offs_m < rows)[:, None] & (offs_n < cols)[None, :])
 
 
 @triton.jit
 def _persistent_matmul_kernel(
-    a,
-    b,
-    c,
-    partials,
-    locks,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    tail_tiles,
-    splits,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
-    SPLIT_TAIL: tl.constexpr,
+    a, b, c, scratch, dims, stride_a, stride_b, stride_c, tail, C: tl.constexpr, CHUNKS: tl.constexpr
 ):
     # Only tl builtins and our own @jit helpers here (no tl.cdiv, tl.zeros & co., @jit functions of
     # triton.language): then the interpreter runs this kernel even when triton was imported before
     # TRITON_INTERPRET=1 was set.
-    pid = tl.program_id(axis=0)
-    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    whole_tiles = num_pid_m * num_pid_n - tail_tiles
-    steps = (K + BLOCK_K - 1) // BLOCK_K
+    pid, grid, whole_tiles, steps = tile_grid(dims, tail, C, CHUNKS)
+    M, N, _ = dims
     # flatten: the K loops of consecutive tiles form one software pipeline (loads of the next tile start
     # under the last MMAs of this one); measured with TMA only.
-    for tile in tl.range(pid, whole_tiles, NUM_SMS, flatten=TMA):
-        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = partial_product(
-            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, steps, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
-        store_tile(
-            c, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA
-        )
-    if SPLIT_TAIL:
-        split_tail(
-            a, b, c, partials, locks, whole_tiles, tail_tiles, splits, num_pid_m, num_pid_n, M, N, K, stride_am,
-            stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FP32_IEEE,
-            UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
+    for tile in tl.range(pid, whole_tiles, C.NUM_SMS, flatten=C.TMA):
+        pid_m, pid_n = tile_position(tile, grid, C.GROUP_M)
+        off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
+        acc = partial_product(a, b, off, (0, steps), dims, stride_a, stride_b, C)
+        store_tile(c, off, (M, N), stride_c, acc, C, C.TMA)
+    if C.SPLIT_TAIL:
+        split_tail(a, b, c, scratch, whole_tiles, tail, grid, dims, stride_a, stride_b, stride_c, C)
 
 
 @triton.jit
-def split_tail(
-    a,
-    b,
-    c,
-    partials,
-    locks,
-    first_tile,
-    tail_tiles,
-    splits,
-    num_pid_m,
-    num_pid_n,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """The last ``tail_tiles`` tiles (from ``first_tile``), each cut along K into ``splits`` equal parts:
-    program ``t + s * tail_tiles`` computes part s of tail tile t (`tail_part`), so the part-empty last wave
-    becomes ``splits`` times shorter, and whichever part arrives last stores the tile (`add_parts`).
+def split_tail(a, b, c, scratch, first_tile, tail, grid, dims, stride_a, stride_b, stride_c, C: tl.constexpr):
+    """The last ``tail`` = (tail_tiles, splits) tiles (from ``first_tile``), each cut along K into ``splits``
+    equal parts: program ``t + s * tail_tiles`` computes part s of tail tile t (`tail_part`), so the part-empty
+    last wave becomes ``splits`` times shorter, and whichever part arrives last stores the tile (`add_parts`).
     Programs with the same s read the same K range of neighbouring tiles at the same time (L2 reuse, which
     an even stream-K spread of K steps loses: measured 1.7x slower per step)."""
+    M, N, K = dims
     pid = tl.program_id(axis=0)
-    if pid < tail_tiles * splits:
-        t, k_lo, k_hi = tail_part(pid, tail_tiles, splits, K, BLOCK_K)
-        pid_m, pid_n = tile_position(first_tile + t, num_pid_m, num_pid_n, GROUP_M)
-        acc = partial_product(
-            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
-        last, total = add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
+    if pid < tail[0] * tail[1]:
+        t, ks = tail_part(pid, tail, K, C.BLOCK_K)
+        pid_m, pid_n = tile_position(first_tile + t, grid, C.GROUP_M)
+        off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
+        acc = partial_product(a, b, off, ks, dims, stride_a, stride_b, C)
+        last, total = add_parts(scratch, tail, acc, pid, t, C)
         if last:
-            store_tile(
-                c, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, total, BLOCK_M, BLOCK_N, EVEN_M,
-                EVEN_N, TMA,
-            )  # fmt: skip
+            store_tile(c, off, (M, N), stride_c, total, C, C.TMA)
 
 
 @triton.jit
-def tail_part(pid, tail_tiles, splits, K, BLOCK_K: tl.constexpr):
-    """(t, k_lo, k_hi) of program ``pid`` in a split tail: its tail tile t and the K steps of its part."""
+def tail_part(pid, tail, K, BLOCK_K: tl.constexpr):
+    """(t, (k_lo, k_hi)) of program ``pid`` in a split tail of ``tail`` = (tail_tiles, splits): its tail tile
+    t and the K steps of its part."""
+    tail_tiles, splits = tail
     part = pid // tail_tiles
     steps = (K + BLOCK_K - 1) // BLOCK_K
-    return pid % tail_tiles, part * steps // splits, (part + 1) * steps // splits
+    return pid % tail_tiles, (part * steps // splits, (part + 1) * steps // splits)
 
 
 @triton.jit
-def add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def add_parts(scratch, tail, acc, pid, t, C: tl.constexpr):
     """Hand in program ``pid``'s part ``acc`` of tail tile t; returns (last, total): whether this part arrived
     last and, if so, the sum of all parts (else ``acc``), which the caller then stores.
 
-    Each part goes to ``partials`` (fp32 [tail_tiles * splits, BLOCK_M * BLOCK_N], row = program) and bumps
-    the tile's counter in ``locks`` (acq_rel: the stores before it are visible to whoever reads the count
-    after it).  The last one adds all parts in split order (the sum does not depend on who arrived last)
-    and resets the counter to 0 for the next launch.  Nobody waits.
+    ``scratch`` = (partials, locks), ``tail`` = (tail_tiles, splits).  Each part goes to ``partials`` (fp32
+    [tail_tiles * splits, BLOCK_M * BLOCK_N], row = program) and bumps the tile's counter in ``locks``
+    (acq_rel: the stores before it are visible to whoever reads the count after it).  The last one adds all
+    parts in split order (the sum does not depend on who arrived last) and resets the counter to 0 for the
+    next launch.  Nobody waits.
     """
-    local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    tl.store(partials + pid * (BLOCK_M * BLOCK_N) + local, acc)
+    partials, locks = scratch
+    tail_tiles, splits = tail
+    local = tl.arange(0, C.BLOCK_M)[:, None] * C.BLOCK_N + tl.arange(0, C.BLOCK_N)[None, :]
+    tl.store(partials + pid * (C.BLOCK_M * C.BLOCK_N) + local, acc)
     tl.debug_barrier()  # the whole part is stored before the count publishes it
     last = tl.atomic_add(locks + t, 1, sem="acq_rel", scope="gpu") == splits - 1
     total = acc
     if last:
         tl.debug_barrier()  # every thread reads after the acquire
-        total = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
+        total = tl.full((C.BLOCK_M, C.BLOCK_N), 0.0, dtype=tl.float32)
         for q in range(0, splits):
-            total += tl.load(partials + (t + q * tail_tiles) * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
+            total += tl.load(partials + (t + q * tail_tiles) * (C.BLOCK_M * C.BLOCK_N) + local, cache_modifier=".cg")
         tl.store(locks + t, 0)
     return last, total
 
@@ -470,12 +413,12 @@ class TailSplit:
         """One program per SM, or per tile or tail part when there are fewer."""
         return (min(sms, max(tiles, self.tiles * self.splits)),)
 
-    def pointers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kernel's pointer arguments ``partials, locks``."""
+    def scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernels' argument ``scratch`` = (partials, locks)."""
         return self.partials, self.locks
 
-    def scalars(self) -> tuple[int, int]:
-        """The kernel's scalar arguments ``tail_tiles, splits``."""
+    def sizes(self) -> tuple[int, int]:
+        """The kernels' argument ``tail`` = (tail_tiles, splits)."""
         return self.tiles, self.splits
 
 
@@ -512,10 +455,8 @@ def matmul(
     if k == 0:
         return out.zero_()
     cfg = config if config is not None else choose_config(m, n, k, a.dtype, sms)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    tail = TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
-    launch(_persistent_matmul_kernel, tail.grid(tiles, sms), ((a, "a"), (b, "b"), (out, "c")), a=a, b=b, out=out,
-           cfg=cfg, sms=sms, tma=tma, pointers=tail.pointers(), scalars=tail.scalars(), SPLIT_TAIL=tail.splits > 0)  # fmt: skip
+    tiled = {"a": (a, "a"), "b": (b, "b"), "c": (out, "c")}
+    launch(_persistent_matmul_kernel, tiled, a=a, b=b, out=out, cfg=cfg, sms=sms, tma=tma)
     return out
 
 
@@ -529,8 +470,7 @@ def check_launchable(a: torch.Tensor) -> None:
 
 def launch(
     kernel: triton.JITFunction,
-    grid: tuple[int],
-    tiled: tuple[tuple[torch.Tensor, str], ...],
+    tiled: dict[str, tuple[torch.Tensor, str]],
     *,
     a: torch.Tensor,
     b: torch.Tensor,
@@ -538,50 +478,53 @@ def launch(
     cfg: GemmTileConfig,
     sms: int,
     tma: bool,
-    pointers: tuple[torch.Tensor, ...] = (),
-    scalars: tuple[int, ...] = (),
-    **constants: int,
+    chunks: int = 1,
+    **args: object,
 ) -> None:
-    """Launch one of our persistent GEMM kernels on the problem ``a [M, K] @ b [K, N] -> out``.
+    """Launch one of our persistent GEMM kernels on ``chunks`` chunks of the problem ``a [M, K] @ b [K, N] ->
+    out`` (a ring kernel's chunk is M rows; `matmul` has one), on at most ``sms`` programs.
 
-    Every such kernel takes, in order: ``tiled`` (its operands whose tiles it moves, each with its role "a",
+    Every such kernel takes, by name: its operands whose tiles it moves, ``tiled`` (each with its role "a",
     "b" or "c": TMA descriptors of [block_m, block_k], [block_k, block_n] or [block_m, block_n] tiles when
-    ``tma`` and `tma_fits` allow, else the tensors), ``pointers`` (tensors it only indexes), M, N, K, the
-    strides of a, b and out, ``scalars``, then the tile config and ``constants`` as compile-time constants.
+    ``tma`` and `tma_fits` allow, else the tensors), its own ``args``, ``dims`` = (M, N, K), the (row,
+    column) strides ``stride_a``, ``stride_b`` and ``stride_c`` of a, b and out, the split tail's ``scratch``
+    and ``tail`` (`TailSplit`), and the compile-time constants ``C`` (`KernelConstants`) and ``CHUNKS``.
     """
     m, k = a.shape
     n = b.shape[1]
     for name, t in (("a", a), ("b", b), ("out", out)):
         check_int32_offsets(name, t, cfg)
-    tma = tma and tma_fits(cfg, *(t for t, _ in tiled))
+    tiles = chunks * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    split = TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
+    tma = tma and tma_fits(cfg, *(t for t, _ in tiled.values()))
     blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n]}
-    operands = [TensorDescriptor.from_tensor(t, blocks[role]) if tma else t for t, role in tiled]
+    operands = {name: TensorDescriptor.from_tensor(t, blocks[role]) if tma else t for name, (t, role) in tiled.items()}
+    constants = KernelConstants(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        NUM_SMS=sms,
+        FP32_IEEE=a.dtype == torch.float32,
+        UPCAST=INTERPRETED and a.dtype == torch.bfloat16,
+        EVEN_M=m % cfg.block_m == 0,
+        EVEN_N=n % cfg.block_n == 0,
+        EVEN_K=k % cfg.block_k == 0,
+        TMA=tma,
+        SPLIT_TAIL=split.splits > 0,
+    )
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-        kernel[grid](
-            *operands,
-            *pointers,
-            m,
-            n,
-            k,
-            a.stride(0),
-            a.stride(1),
-            b.stride(0),
-            b.stride(1),
-            out.stride(0),
-            out.stride(1),
-            *scalars,
-            **constants,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
-            NUM_SMS=sms,
-            FP32_IEEE=a.dtype == torch.float32,
-            UPCAST=INTERPRETED and a.dtype == torch.bfloat16,
-            EVEN_M=m % cfg.block_m == 0,
-            EVEN_N=n % cfg.block_n == 0,
-            EVEN_K=k % cfg.block_k == 0,
-            TMA=tma,
+        kernel[split.grid(tiles, sms)](
+            **operands,
+            **args,
+            scratch=split.scratch(),
+            dims=(m, n, k),
+            stride_a=a.stride(),
+            stride_b=b.stride(),
+            stride_c=out.stride(),
+            tail=split.sizes(),
+            C=constants,
+            CHUNKS=chunks,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
