@@ -81,6 +81,7 @@ def _gather_matmul_kernel(
     ring,
     b,
     c,
+    scales,
     ready_ptr,
     scratch,
     dims,
@@ -99,7 +100,22 @@ def _gather_matmul_kernel(
     # MMAs, ahead of the flag wait that must precede them when the next tile is a new chunk's.
     for tile in tl.range(pid, whole_tiles, C.NUM_SMS):
         acc, src, off, arrived = _gathered_tile(
-            a, ring, b, ready_ptr, tile, (0, steps), arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
+            a,
+            ring,
+            b,
+            scales,
+            ready_ptr,
+            tile,
+            (0, steps),
+            arrived,
+            grid,
+            dims,
+            stride_a,
+            stride_b,
+            rank,
+            epoch,
+            C,
+            CHUNKS,
         )
         _store_gathered(c, acc, src, off, dims, stride_c, C)
     # the last chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
@@ -109,7 +125,7 @@ def _gather_matmul_kernel(
             t, ks = gemm.tail_part(pid, tail, dims[2], C.BLOCK_K)
             tile = whole_tiles + t
             acc, src, off, arrived = _gathered_tile(
-                a, ring, b, ready_ptr, tile, ks, arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
+                a, ring, b, scales, ready_ptr, tile, ks, arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
             )
             last, total = gemm.add_parts(scratch, tail, acc, pid, t, C)
             if last:
@@ -121,6 +137,7 @@ def _gathered_tile(
     a,
     ring,
     b,
+    scales,
     ready_ptr,
     tile,
     ks,
@@ -148,7 +165,7 @@ def _gathered_tile(
     if step > 0:
         rows, row0 = _chunk_rows(ring, src, row0, dims[0], stride_a[0], C.TMA)
     # One K loop for every chunk: two would each hold their own pipeline stages in shared memory.
-    acc = gemm.partial_product(rows, b, (row0, pid_n * C.BLOCK_N), ks, dims, stride_a, stride_b, C)
+    acc = gemm.partial_product(rows, b, (row0, pid_n * C.BLOCK_N), ks, dims, stride_a, stride_b, scales, C)
     return acc, src, (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N), arrived
 
 
@@ -165,6 +182,7 @@ def _scatter_matmul_kernel(
     a,
     b,
     c,
+    scales,
     exchange,
     scratch,
     dims,
@@ -185,7 +203,7 @@ def _scatter_matmul_kernel(
     # wait in PTX) compiled but ran 2.7-4.5x slower on an H200 (`bench/ring_bench.py`, 2026-11-30).
     for tile in tl.range(pid, whole_tiles, C.NUM_SMS):
         step, pid_m, pid_n = _ring_tile(tile, grid, C.GROUP_M)
-        acc = _owner_tile(a, b, step, pid_m, pid_n, (0, steps), dims, stride_a, stride_b, rank, C, CHUNKS)
+        acc = _owner_tile(a, b, scales, step, pid_m, pid_n, (0, steps), dims, stride_a, stride_b, rank, C, CHUNKS)
         arrived = _finish_scattered(
             c, exchange, acc, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments, C, CHUNKS
         )
@@ -195,7 +213,7 @@ def _scatter_matmul_kernel(
         if pid < tail[0] * tail[1]:
             t, ks = gemm.tail_part(pid, tail, dims[2], C.BLOCK_K)
             step, pid_m, pid_n = _ring_tile(whole_tiles + t, grid, C.GROUP_M)
-            acc = _owner_tile(a, b, step, pid_m, pid_n, ks, dims, stride_a, stride_b, rank, C, CHUNKS)
+            acc = _owner_tile(a, b, scales, step, pid_m, pid_n, ks, dims, stride_a, stride_b, rank, C, CHUNKS)
             last, total = gemm.add_parts(scratch, tail, acc, pid, t, C)
             if last:
                 _finish_scattered(
@@ -204,11 +222,13 @@ def _scatter_matmul_kernel(
 
 
 @triton.jit
-def _owner_tile(a, b, step, pid_m, pid_n, ks, dims, stride_a, stride_b, rank, C: tl.constexpr, CHUNKS: tl.constexpr):
+def _owner_tile(
+    a, b, scales, step, pid_m, pid_n, ks, dims, stride_a, stride_b, rank, C: tl.constexpr, CHUNKS: tl.constexpr
+):
     """K steps ``ks`` = [k_lo, k_hi) of tile (pid_m, pid_n) of ring step ``step`` (the other owners' chunks first, ours
     last), read from the rows of ``a`` its owner keeps."""
     rows, row0 = _chunk_rows(a, (rank + 1 + step) % CHUNKS, pid_m * C.BLOCK_M, dims[0], stride_a[0], C.TMA)
-    return gemm.partial_product(rows, b, (row0, pid_n * C.BLOCK_N), ks, dims, stride_a, stride_b, C)
+    return gemm.partial_product(rows, b, (row0, pid_n * C.BLOCK_N), ks, dims, stride_a, stride_b, scales, C)
 
 
 @triton.jit
@@ -285,13 +305,17 @@ def gather_matmul(
     num_sms: int | None = None,
     config: gemm.GemmTileConfig | None = None,
     tma: bool = True,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out = all_gather(a) @ b`` in one launch: chunk ``rank`` from ``a``, chunk c from ``ring`` once
-    ``ready[c] >= epoch`` (see the module docstring for layouts; ``config`` and ``tma`` as in `gemm.matmul`)."""
+    ``ready[c] >= epoch`` (see the module docstring for layouts; ``config``, ``tma`` and FP8 operands with
+    ``scale_a`` (every chunk's) and ``scale_b`` as in `gemm.matmul`: the ring then moves FP8 rows)."""
     rows = a.shape[0]
     chunks = _chunks(ring, rows, "ring")
     gemm.check_operands(a, b, None)
     gemm.check_operands(ring, b, out)
+    scales = gemm.check_scales(a, scale_a, scale_b)
     if ring.stride() != a.stride():
         raise InputError("ring", f"strides must equal a's {a.stride()}", ring.stride())
     _expect_flags("ready", ready, chunks)
@@ -306,6 +330,7 @@ def gather_matmul(
         num_sms=num_sms,
         config=config,
         tma=tma,
+        scales=scales,
         ready_ptr=ready,
         rank=rank,
         epoch=epoch,
@@ -382,7 +407,7 @@ def scatter_plan(
     col_groups: int | None = None,
 ) -> ScatterPlan:
     """The tile config (``config``, else `gemm.choose_config`'s) and segments of `scatter_matmul` for chunks
-    of ``rows`` x ``n`` (depth ``k``): each row group of the tile order (``group_m`` tile rows) is cut into
+    of ``rows`` x ``n`` (depth ``k``, ``dtype`` operands, partials in its `gemm.out_dtype`): each row group of the tile order (``group_m`` tile rows) is cut into
     ``col_groups`` column groups (None: segments of about `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and at
     least `PUSH_FLOPS` of the launch's work each)."""
     sms = gemm.resolve_num_sms(device, num_sms)
@@ -391,7 +416,7 @@ def scatter_plan(
     span = cfg.block_m * cfg.group_m
     row_groups = triton.cdiv(rows, span)
     if col_groups is None:
-        by_bytes = rows * n * dtype.itemsize // row_groups // SEGMENT_BYTES
+        by_bytes = rows * n * gemm.out_dtype(dtype).itemsize // row_groups // SEGMENT_BYTES
         by_work = int(2 * chunks * rows * n * k / PUSH_FLOPS) // row_groups
         col_groups = max(1, min(tiles_n, by_bytes, by_work, MAX_SEGMENTS // row_groups))
     elif not (isinstance(col_groups, int) and 1 <= col_groups <= tiles_n):
@@ -422,11 +447,13 @@ def scatter_matmul(
     rank: int,
     plan: ScatterPlan,
     tma: bool = True,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
 ) -> None:
-    """``out = reduce_scatter(a @ b)[rank]`` in one launch (see the module docstring; ``tma`` as in
-    `gemm.matmul`).
+    """``out = reduce_scatter(a @ b)[rank]`` in one launch (see the module docstring; ``tma`` and FP8
+    operands with ``scale_a`` and ``scale_b`` as in `gemm.matmul`).
 
-    ``parts`` [P-1, R, N]: our partials for the other owners, in step order (owner rank+1+s), each laid out
+    The partials are in out's dtype (bf16 for FP8 operands, already scaled).  ``parts`` [P-1, R, N]: our partials for the other owners, in step order (owner rank+1+s), each laid out
     segment by segment (`Segment.offset`); each stored tile bumps ``counts[s * S + j]`` of its segment j
     (S segments; release, so the copy engine that waits for a segment's count reads finished data).
     ``recv`` [P, R, N]: slot src = the partial that src sent us, in the same layout, segment j in once
@@ -435,10 +462,11 @@ def scatter_matmul(
     rows, n = out.shape
     chunks = _chunks(a, rows, "a")
     gemm.check_operands(a[:rows], b, out)
+    scales = gemm.check_scales(a, scale_a, scale_b)
     segments = len(plan.segments)
     for name, t, shape in (("parts", parts, (chunks - 1, rows, n)), ("recv", recv, (chunks, rows, n))):
-        if tuple(t.shape) != shape or t.dtype != a.dtype or not t.is_contiguous():
-            raise InputError(name, f"must be a contiguous {a.dtype} tensor of shape {shape}", tuple(t.shape))
+        if tuple(t.shape) != shape or t.dtype != out.dtype or not t.is_contiguous():
+            raise InputError(name, f"must be a contiguous {out.dtype} tensor of shape {shape}", tuple(t.shape))
     _expect_flags("counts", counts, (chunks - 1) * segments)
     if ready.dtype != torch.int32 or not ready.is_contiguous() or ready.numel() < chunks * segments:
         raise InputError("ready", f"must hold at least {chunks * segments} contiguous int32 flags", tuple(ready.shape))
@@ -452,6 +480,7 @@ def scatter_matmul(
         num_sms=plan.num_sms,
         config=plan.config,
         tma=tma,
+        scales=scales,
         exchange=(parts, counts, recv, ready),
         rank=rank,
         epoch=epoch,
