@@ -4,6 +4,7 @@ Shape legend (row-major, as everywhere in `overlap_runtime`):
     a   [M, K]   left operand (tokens x in-features)
     b   [K, N]   right operand (in-features x out-features, i.e. a weight already transposed)
     out [M, N]   ``out[m, n] = sum_k a[m, k] * b[k, n]``, accumulated in fp32, stored in ``a.dtype``
+                 (FP8 E4M3 operands: times ``scale_a * scale_b``, stored in bf16; see `matmul`)
 Any of the three may be a strided view: a transpose (``w.t()``), a row slice, or a column slice of a
 bigger buffer (``buf[:, 128:256]``, the chunk of a userbuffers communicator).  Strides go to the kernel
 as they are; nothing is copied.  ``out`` is written in place when given and must not overlap ``a`` or
@@ -33,6 +34,12 @@ With ``split_tail`` (`choose_config` sets it where its cost model says it pays) 
 along K over the idle programs and the parts are added by whichever part finishes last (`split_tail`).
 An even stream-K spread of every K step over all programs was tried first and ran 1.7x slower per K step:
 programs at unrelated K offsets of unrelated tiles share nothing in L2.
+
+FP8 (`FP8` operands, per-tensor scales as TE's delayed and current scaling produce them): the same kernels,
+SM bound and TMA loads, K steps of 128 (`for_dtype`), the scales applied to the fp32 accumulator before the
+store; ``cublas_matmul``'s FP8 path is ``torch._scaled_mm``.  Compiled for sm_90 with Triton 3.6 the FP8
+kernels issue ``wgmma ... e4m3.e4m3`` MMAs with the shared memory of bf16's (213 KB at 128x256); their
+speed against ``torch._scaled_mm`` is `bench/gemm_bench.py --dtype fp8`'s to measure.
 
 The kernel is launched on the current CUDA stream of ``a``'s device.  With ``TRITON_INTERPRET=1`` set
 before this module is imported, it runs in Triton's interpreter on CPU tensors (the tests do this).

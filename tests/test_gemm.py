@@ -448,6 +448,24 @@ def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: Path) -> None:
     dims = [(s["m"], s["n"], s["k"]) for s in data["shapes"]]
     assert dims[0] == (8192, 8192, 8192) and len(dims) == len(set(dims))
     assert (4096, 6144, 4096) in dims  # h4096 s4096 qkv_fprop at TP=2
+    assert data["method"]["dtype"] == "bf16" and "128x256x64_w8_s3_g8" in data["sweep_configs"]
+    fp8 = dry_run("bench/gemm_bench.py", tmp_path / "fp8.json", "--dtype", "fp8")
+    assert fp8["method"]["dtype"] == "fp8" and fp8["shapes"] == data["shapes"]
+    assert "128x256x128_w8_s3_g8" in fp8["sweep_configs"] and "128x256x64_w8_s4_g8" in fp8["sweep_configs"]
+    assert len(fp8["ring_cases"]) == 30
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
+def test_every_bench_variant_computes_the_product_on_a_small_cpu_problem(dtype: torch.dtype) -> None:
+    """The variants a GPU run of `bench/gemm_bench.py` times (the library GEMM, ours with every sweep config,
+    the fused ring kernels with flags preset), each once in Triton's interpreter."""
+    interpreted("overlap_runtime.ring_gemm")  # the fused variants' kernels too, whoever imported them first
+    from bench import gemm_bench  # imported here: it binds the interpreted kernel modules
+
+    errors = gemm_bench.check_variants(dtype, "cpu")
+    assert {"cublas", "ours", "all_gather/fused", "reduce_scatter/fused"} <= errors.keys()
+    assert ("cublas_split_accum" in errors) == (dtype == FP8)
+    assert all(err <= gemm_bench.REL_ERR_LIMIT for err in errors.values()), errors
 
 
 def test_interpreter_runs_the_kernel_even_when_triton_was_imported_first() -> None:
