@@ -98,24 +98,10 @@ def _gather_matmul_kernel(
     arrived = 0  # the last ring step whose chunk this program saw arrive (step 0: the local shard)
     # Not flattened like `gemm.matmul`'s loop: the next tile's first loads would start under this tile's last
     # MMAs, ahead of the flag wait that must precede them when the next tile is a new chunk's.
+    whole = (0, steps)  # the K steps of a whole tile
     for tile in tl.range(pid, whole_tiles, C.NUM_SMS):
         acc, src, off, arrived = _gathered_tile(
-            a,
-            ring,
-            b,
-            scales,
-            ready_ptr,
-            tile,
-            (0, steps),
-            arrived,
-            grid,
-            dims,
-            stride_a,
-            stride_b,
-            rank,
-            epoch,
-            C,
-            CHUNKS,
+            a, ring, b, scales, ready_ptr, tile, whole, arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
         )
         _store_gathered(c, acc, src, off, dims, stride_c, C)
     # the last chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
