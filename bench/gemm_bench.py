@@ -2,34 +2,35 @@
 
 Run from the repository root (the script puts the root on ``sys.path`` itself):
 
-    python bench/gemm_bench.py --out bench/results/gemm_h200.json    # CUDA, under a minute on one H200
-    python bench/gemm_bench.py --dry-run [--out X.json]              # no CUDA: list the shapes
+    python bench/gemm_bench.py --out bench/results/gemm_h200.json              # CUDA, a few minutes on one H200
+    python bench/gemm_bench.py --dtype fp8 --out bench/results/gemm_fp8_h200.json
+    python bench/gemm_bench.py --dry-run [--dtype fp8] [--out X.json]          # no CUDA: list the shapes
 
-What it measures (bf16, random normal inputs, fp32 accumulate):
+What it measures (``--dtype``: bf16, or FP8 E4M3 with per-tensor scales and bf16 out; random normal inputs,
+fp32 accumulate):
   1. every distinct layer GEMM (m, n, k) of the anchor shapes at TP=2 (docs/measurement.md, The anchor
      shapes), plus 8192^3:
-     torch.mm (cuBLAS) and `matmul` at all SMs with its heuristic tile config;
+     the library GEMM (torch.mm; FP8: ``torch._scaled_mm`` with fast accumulation, like our FP8 MMAs, and
+     beside it with split accumulation) and `matmul` at all SMs with its heuristic tile config;
   2. 8192^3 with the SM count held to sm-8, sm-16, sm-32, 100 and 66: `matmul` (``num_sms``, a hard bound)
      beside `cublas_matmul` (cuBLASLt SM carve-out, a hint);
-  3. a sweep of tile configs (split tail on and off) on every shape, and which one wins.
-Method: CUDA events around each call, each behind a ~500 us GPU sleep so that the host's launch work
-(Triton's launcher, TMA descriptors) is not timed, variants interleaved (A B A B ...) after warm-ups,
-median and p20/p80 of the repeats; inputs rotate through enough buffer sets to exceed the L2 cache twice over.
-Every variant is checked once against cuBLAS (relative Frobenius error <= 1e-2).
+  3. a sweep of tile configs (split tail on and off; FP8 K steps 128 deep, and 64) on every shape, and which
+     one wins;
+  4. the fused ring kernels with flags preset (`ring_bench`) on the anchors' coupled slots.
+Timing and checks: `bench.timing` (every variant once against the fp32 product, relative Frobenius error
+<= 1e-2).  The summary holds the medians the targets are judged by (ours / library over the layer
+shapes, fused / library over the ring cases).
 
 Exit status: 0 all correct, 1 a variant failed or was wrong (the JSON is written either way), 2 usage.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,28 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from bench import ring_bench  # noqa: E402
 from bench.environment import environment  # noqa: E402
+from bench.timing import (  # noqa: E402
+    REL_ERR_LIMIT,
+    Operands,
+    Variant,
+    check,
+    l2_bytes,
+    library,
+    parse_args,
+    scales,
+    tflops,
+    time_interleaved,
+    write_json,
+)
 from overlap_runtime import gemm  # noqa: E402
 from overlap_runtime.shape import ModelShape, Slot, gemm_dims  # noqa: E402
 
-DEFAULT_OUT = REPO / "bench" / "results" / "gemm_h200.json"
+DEFAULT_OUT = {
+    "bf16": REPO / "bench" / "results" / "gemm_h200.json",
+    "fp8": REPO / "bench" / "results" / "gemm_fp8_h200.json",
+}
 TP = 2
 ANCHORS = (  # (hidden, seq, ffn), mbs 1: docs/measurement.md, The anchor shapes
     (4096, 4096, 14336),
@@ -63,8 +81,14 @@ SWEEP_CONFIGS = (
     dataclasses.replace(gemm.MEDIUM, num_warps=8),
     dataclasses.replace(gemm.LARGE, block_m=256, block_n=128),
 )
-REL_ERR_LIMIT = 1e-2
-L2_FALLBACK_BYTES = 50 * 2**20
+"""bf16 tile configs of the sweep; other dtypes sweep them adapted (`gemm.for_dtype`) and `FP8_SWEEP_EXTRA`."""
+FP8_SWEEP_EXTRA = (dataclasses.replace(gemm.LARGE, block_k=64, num_stages=4),)
+"""FP8 K steps half as deep as `gemm.for_dtype` makes them, with a fourth stage (as much shared memory)."""
+
+
+def sweep_configs(dtype: torch.dtype) -> list[gemm.GemmTileConfig]:
+    extra = FP8_SWEEP_EXTRA if dtype == gemm.FP8 else ()
+    return [gemm.for_dtype(cfg, dtype) for cfg in SWEEP_CONFIGS] + list(extra)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,91 +120,56 @@ def sm_counts(total: int) -> list[int]:
     return sorted({c for c in wanted if 1 <= c < total}, reverse=True)
 
 
-# ---------------------------------------------------------------------------------------------- timing
-
-
-def l2_bytes() -> int:
-    """GPU 0's L2 cache size, which the rotating inputs must exceed."""
-    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or L2_FALLBACK_BYTES
-
-
-class Operands:
-    """Rotating (a, b, out) sets on the GPU, enough of them that their inputs exceed 2x the L2 cache."""
-
-    def __init__(self, m: int, n: int, k: int, l2_bytes: int, seed: int) -> None:
-        per_set = (m * k + k * n) * 2
-        count = max(2, min(16, math.ceil(2 * l2_bytes / per_set)))
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        self.sets = [
-            (
-                torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g),
-                torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g),
-                torch.empty(m, n, device="cuda", dtype=torch.bfloat16),
-            )
-            for _ in range(count)
-        ]
-
-
-Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
-LEAD_CYCLES = 1_000_000
-"""GPU sleep before each timed call, about 500 us at H200 clocks: longer than the host's launch work (our
-GEMM's took ~205 us per call, Triton's launcher and TMA descriptors; torch.mm's ~25 us), so the GPU never
-waits for the host inside a timed region."""
-
-
-def time_interleaved(ops: Operands, variants: dict[str, Variant], *, warmup: int, repeats: int) -> dict[str, dict]:
-    """Per variant: median / p20 / p80 ms over ``repeats`` calls, variants interleaved call by call."""
-    n_sets = len(ops.sets)
-    for i in range(warmup):
-        for fn in variants.values():
-            fn(*ops.sets[i % n_sets])
-    events = {name: [] for name in variants}
-    for i in range(repeats):
-        a, b, out = ops.sets[i % n_sets]
-        for name, fn in variants.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(LEAD_CYCLES)  # the host queues the call while the GPU sleeps: GPU time is timed
-            start.record()
-            fn(a, b, out)
-            end.record()
-            events[name].append((start, end))
-    torch.cuda.synchronize()
-    result = {}
-    for name, pairs in events.items():
-        ms = sorted(s.elapsed_time(e) for s, e in pairs)
-        result[name] = {"ms": statistics.median(ms), "p20_ms": _quantile(ms, 0.2), "p80_ms": _quantile(ms, 0.8)}
-    return result
-
-
-def _quantile(sorted_ms: list[float], q: float) -> float:
-    return sorted_ms[min(len(sorted_ms) - 1, round(q * (len(sorted_ms) - 1)))]
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (out.float() - ref.float()).norm()
-    return float(diff / ref.float().norm().clamp_min(1e-30))
-
-
-def check(ops: Operands, fn: Variant) -> float:
-    """Relative error of one call against cuBLAS on the first operand set."""
-    a, b, out = ops.sets[0]
-    ref = torch.mm(a, b)
-    out.fill_(float("nan"))
-    fn(a, b, out)
-    torch.cuda.synchronize()
-    err = rel_err(out, ref)
-    return err if math.isfinite(err) else math.inf
-
-
-def tflops(flops: int, ms: float) -> float:
-    return flops / (ms * 1e-3) / 1e12
-
-
 # ------------------------------------------------------------------------------------------------ main
 
 
+FP8_TARGETS = {"ours_vs_library_median": 0.95, "fused_vs_library_median": 1.03}
+"""What the FP8 path must reach on one H200: our GEMM at >= 95% of ``torch._scaled_mm``'s speed at the median
+of the layer shapes, the fused ring kernels (flags preset) within 3% of its time at their median."""
+
+
+def layer_variants(dtype: torch.dtype) -> dict[str, Variant]:
+    """The library GEMM and ours at full SMs (FP8: the library with split accumulation beside)."""
+    variants: dict[str, Variant] = {"cublas": library, "ours": lambda a, b, o: gemm.matmul(a, b, o, **scales(a))}
+    if dtype == gemm.FP8:
+        variants["cublas_split_accum"] = lambda a, b, o: library(a, b, o, fast_accum=False)
+    return variants
+
+
+def sm_variants(counts: list[int]) -> dict[str, Variant]:
+    """Ours and cuBLASLt held to each SM count (``num_sms``: our hard bound, cuBLASLt's carve-out)."""
+    variants: dict[str, Variant] = {}
+    for c in counts:
+        variants[f"ours_{c}"] = lambda a, b, o, c=c: gemm.matmul(a, b, o, num_sms=c, **scales(a))
+        variants[f"cublaslt_{c}"] = lambda a, b, o, c=c: gemm.cublas_matmul(a, b, o, num_sms=c, **scales(a))
+    return variants
+
+
+def sweep_variants(dtype: torch.dtype) -> dict[str, Variant]:
+    """The library GEMM and ours with each tile config of `sweep_configs`."""
+    variants: dict[str, Variant] = {"cublas": library}
+    for cfg in sweep_configs(dtype):
+        variants[cfg.label()] = lambda a, b, o, cfg=cfg: gemm.matmul(a, b, o, config=cfg, **scales(a))
+    return variants
+
+
+def check_variants(dtype: torch.dtype, device: str) -> dict[str, float]:
+    """Every variant of a run but the SM-bound ones (cuBLAS's carve-out needs CUDA), once on a small problem
+    on ``device`` (CPU tensors: our kernels in Triton's interpreter, as the tests run it): name -> relative
+    error against the fp32 product.  The CPU check of the code a GPU run executes."""
+    ops = Operands(64, 96, 128, 0, seed=3, dtype=dtype, device=device)
+    errors = {name: check(ops, fn) for name, fn in (layer_variants(dtype) | sweep_variants(dtype)).items()}
+    for collective in ("all_gather", "reduce_scatter"):
+        case = ring_bench.RingCase(shape="small", slot=collective, m=64, n=96, k=128, collective=collective)
+        ring_ops = Operands(case.m, case.n, case.k, 0, seed=4, dtype=dtype, device=device)
+        fns, _ = ring_bench.variants(case, torch.device(device), dtype)
+        errors |= {f"{collective}/{name}": check(ring_ops, fn) for name, fn in fns.items()}
+    return errors
+
+
 class Bench:
-    def __init__(self, *, warmup: int, repeats: int) -> None:
+    def __init__(self, *, dtype: torch.dtype, warmup: int, repeats: int) -> None:
+        self.dtype = dtype
         self.warmup = warmup
         self.repeats = repeats
         props = torch.cuda.get_device_properties(0)
@@ -188,9 +177,13 @@ class Bench:
         self.l2_bytes = l2_bytes()
         self.failures: list[str] = []
 
+    def config(self, shape: GemmShape) -> gemm.GemmTileConfig:
+        """The heuristic's tile config for ``shape`` at full SMs."""
+        return gemm.choose_config(shape.m, shape.n, shape.k, self.dtype, self.sm_count)
+
     def measure(self, shape: GemmShape, variants: dict[str, Variant], seed: int = 0) -> dict[str, dict]:
         """Check every variant, then time the ones that ran correctly; a failing variant is recorded, not fatal."""
-        ops = Operands(shape.m, shape.n, shape.k, self.l2_bytes, seed)
+        ops = Operands(shape.m, shape.n, shape.k, self.l2_bytes, seed, dtype=self.dtype)
         good: dict[str, Variant] = {}
         rows: dict[str, dict] = {}
         for name, fn in variants.items():
@@ -218,30 +211,24 @@ def run_layer_shapes(bench: Bench, shapes: list[GemmShape]) -> list[dict[str, An
         f"\n{'m':>6} {'n':>6} {'k':>6}  {'cuBLAS ms':>9} {'ours ms':>8} {'ratio':>6}  {'TF/s ours':>9}  config  shape"
     )
     for shape in shapes:
-        cfg = gemm.choose_config(shape.m, shape.n, shape.k, torch.bfloat16, bench.sm_count)
-        rows = bench.measure(
-            shape,
-            {
-                "cublas": lambda a, b, o: torch.mm(a, b, out=o),
-                "ours": lambda a, b, o: gemm.matmul(a, b, o),
-            },
-        )
+        cfg = bench.config(shape)
+        rows = bench.measure(shape, layer_variants(bench.dtype))
         cub, ours = rows["cublas"], rows["ours"]
         ratio = cub["ms"] / ours["ms"] if "ms" in cub and "ms" in ours else None
-        out.append(
-            {
-                "m": shape.m,
-                "n": shape.n,
-                "k": shape.k,
-                "labels": list(shape.labels),
-                "config": cfg.label(),
-                "cublas_ms": cub.get("ms"),
-                "ours_ms": ours.get("ms"),
-                "ratio": ratio,
-                "cublas": cub,
-                "ours": ours,
-            }
-        )
+        row = {
+            "m": shape.m,
+            "n": shape.n,
+            "k": shape.k,
+            "labels": list(shape.labels),
+            "config": cfg.label(),
+            "cublas_ms": cub.get("ms"),
+            "ours_ms": ours.get("ms"),
+            "ratio": ratio,
+        }
+        if "cublas_split_accum" in rows:
+            split = rows["cublas_split_accum"]
+            row["ratio_split_accum"] = split["ms"] / ours["ms"] if "ms" in split and "ms" in ours else None
+        out.append(row | rows)
         print(
             f"{shape.m:>6} {shape.n:>6} {shape.k:>6}  {_fmt(cub.get('ms'))} {_fmt(ours.get('ms'), 8)} "
             f"{_fmt(ratio, 6, 2)}  {_fmt(ours.get('tflops'), 9, 0)}  {cfg.label()}  {shape.labels[0]}"
@@ -253,11 +240,7 @@ def run_layer_shapes(bench: Bench, shapes: list[GemmShape]) -> list[dict[str, An
 def run_sm_limits(bench: Bench) -> list[dict[str, Any]]:
     shape = GemmShape(m=SQUARE[0], n=SQUARE[1], k=SQUARE[2], labels=("square 8192^3",))
     counts = [bench.sm_count, *sm_counts(bench.sm_count)]
-    variants: dict[str, Variant] = {}
-    for c in counts:
-        variants[f"ours_{c}"] = lambda a, b, o, c=c: gemm.matmul(a, b, o, num_sms=c)
-        variants[f"cublaslt_{c}"] = lambda a, b, o, c=c: gemm.cublas_matmul(a, b, o, num_sms=c)
-    rows = bench.measure(shape, variants, seed=1)
+    rows = bench.measure(shape, sm_variants(counts), seed=1)
     print(
         f"\n8192^3 held to fewer SMs (slowdown vs own full-chip time)\n{'SMs':>5} {'ours ms':>8} {'x':>5}  {'cuBLASLt ms':>11} {'x':>5}"
     )
@@ -275,19 +258,16 @@ def run_sm_limits(bench: Bench) -> list[dict[str, Any]]:
 
 
 def run_sweep(bench: Bench, shapes: list[GemmShape]) -> list[dict[str, Any]]:
-    """Every tile config of `SWEEP_CONFIGS` on every shape: the evidence behind `gemm.choose_config`."""
+    """Every tile config of `sweep_configs` on every shape: the evidence behind `gemm.choose_config`."""
     out = []
-    names = [cfg.label() for cfg in SWEEP_CONFIGS]
+    names = [cfg.label() for cfg in sweep_configs(bench.dtype)]
     print("\nsweep: cuBLAS ms, then per tile config cuBLAS ms / its ms (> 1: ours faster); * = heuristic's pick")
     print(f"{'m':>6} {'n':>6} {'k':>6} {'cuBLAS':>7}  " + " ".join(f"{n:>22}" for n in names))
     for shape in shapes:
-        variants: dict[str, Variant] = {"cublas": lambda a, b, o: torch.mm(a, b, out=o)}
-        for cfg in SWEEP_CONFIGS:
-            variants[cfg.label()] = lambda a, b, o, cfg=cfg: gemm.matmul(a, b, o, config=cfg)
-        rows = bench.measure(shape, variants, seed=2)
+        rows = bench.measure(shape, sweep_variants(bench.dtype), seed=2)
         timed = {name: r["ms"] for name, r in rows.items() if name != "cublas" and "ms" in r and r["correct"]}
         best = min(timed, key=timed.__getitem__) if timed else None
-        heuristic = gemm.choose_config(shape.m, shape.n, shape.k, torch.bfloat16, bench.sm_count).label()
+        heuristic = bench.config(shape).label()
         out.append({"m": shape.m, "n": shape.n, "k": shape.k, "configs": rows, "best": best, "heuristic": heuristic})
         cub = rows["cublas"].get("ms")
         cells = []
@@ -303,6 +283,24 @@ def run_sweep(bench: Bench, shapes: list[GemmShape]) -> list[dict[str, Any]]:
     return out
 
 
+def summarize(dtype: torch.dtype, layer_rows: list[dict[str, Any]], ring: dict[str, Any]) -> dict[str, Any]:
+    """The medians the targets are judged by: ours / library over the layer shapes (8192^3 left out), fused /
+    library over the ring cases; for FP8 the targets (`FP8_TARGETS`) and whether they are met."""
+    ratios = [r["ratio"] for r in layer_rows if r["ratio"] and tuple(r["labels"]) != ("square 8192^3",)]
+    summary: dict[str, Any] = {
+        "ours_vs_library_median": statistics.median(ratios) if ratios else None,
+        "ours_vs_library_min": min(ratios, default=None),
+        "fused_vs_library_median": ring["summary"]["fused_vs_cublas_median"],
+    }
+    if dtype == gemm.FP8:
+        ours, fused = summary["ours_vs_library_median"], summary["fused_vs_library_median"]
+        summary["targets"] = FP8_TARGETS
+        summary["targets_met"] = bool(
+            ours and ours >= FP8_TARGETS["ours_vs_library_median"] and fused <= FP8_TARGETS["fused_vs_library_median"]
+        )
+    return summary
+
+
 def _err_note(row: dict) -> str:
     return f"  ERROR {row['error'][:120]}" if "error" in row else ""
 
@@ -311,50 +309,15 @@ def _fmt(v: float | None, width: int = 9, digits: int = 3) -> str:
     return f"{v:>{width}.{digits}f}" if isinstance(v, int | float) and math.isfinite(v) else f"{'-':>{width}}"
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, allow_nan=False, default=_json_default) + "\n")
-    print(f"\nwrote {path}")
-
-
-def _json_default(v: Any) -> Any:
-    raise TypeError(f"not JSON serializable: {type(v).__name__}")
-
-
-def _finite(obj: Any) -> Any:
-    """JSON has no inf/nan: map them to None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def parse_args(argv: list[str] | None, *, doc: str, default_out: Path, dry_run: str) -> argparse.Namespace:
-    """The command line of a one-GPU timing benchmark (this one, `ring_bench`): --out, --dry-run (``dry_run``
-    says what it lists), --repeats and --warmup; bad values exit with code 2 and the rule."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help=f"JSON results path (default {default_out})")
-    parser.add_argument("--dry-run", action="store_true", help=f"{dry_run}, no CUDA needed")
-    parser.add_argument("--repeats", type=int, default=30, help="timed calls per variant (>= 20; default 30)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed calls per variant first (default 5)")
-    args = parser.parse_args(argv)
-    if args.repeats < 20:
-        parser.error(f"--repeats: must be >= 20 (got {args.repeats})")
-    if args.warmup < 1:
-        parser.error(f"--warmup: must be >= 1 (got {args.warmup})")
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv, doc=__doc__, default_out=DEFAULT_OUT, dry_run="list shapes and environment")
+    args = parse_args(argv, doc=__doc__, default_out=DEFAULT_OUT, dry_run="list shapes, tile configs and ring cases")
     shapes = layer_shapes()
+    cases = ring_bench.ring_cases()
+    configs = [cfg.label() for cfg in sweep_configs(args.dtype)]
     payload: dict[str, Any] = {
         "env": environment(),
         "method": {
-            "dtype": "bf16",
+            "dtype": args.dtype_name,
             "timer": "CUDA events per call, variants interleaved",
             "warmup": args.warmup,
             "repeats": args.repeats,
@@ -364,30 +327,39 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     if args.dry_run:
-        print(f"{len(shapes)} distinct GEMM shapes (m, n, k), bf16:")
+        print(f"{len(shapes)} distinct GEMM shapes (m, n, k), {args.dtype_name}:")
         for s in shapes:
             print(f"  {s.m:>6} {s.n:>6} {s.k:>6}  {', '.join(s.labels)}")
-        print(f"SM counts on a 132-SM GPU: {[132, *sm_counts(132)]}; sweep: {[c.label() for c in SWEEP_CONFIGS]}")
-        payload |= {"dry_run": True, "shapes": [dataclasses.asdict(s) for s in shapes]}
+        print(f"SM counts on a 132-SM GPU: {[132, *sm_counts(132)]}; sweep: {configs}; {len(cases)} ring cases")
+        payload |= {
+            "dry_run": True,
+            "shapes": [dataclasses.asdict(s) for s in shapes],
+            "sweep_configs": configs,
+            "ring_cases": [dataclasses.asdict(c) for c in cases],
+        }
         if args.out is not None:
-            write_json(args.out, _finite(payload))
+            write_json(args.out, payload)
         return 0
     if not torch.cuda.is_available():
         print("error: cuda: a CUDA device is required (got none); use --dry-run", file=sys.stderr)
         return 2
 
-    out_path = args.out if args.out is not None else DEFAULT_OUT
-    bench = Bench(warmup=args.warmup, repeats=args.repeats)
+    bench = Bench(dtype=args.dtype, warmup=args.warmup, repeats=args.repeats)
     print(f"{payload['env'].get('gpu')} ({bench.sm_count} SMs), torch {torch.__version__}, triton {triton.__version__}")
     t0 = time.perf_counter()
     payload["shapes"] = run_layer_shapes(bench, shapes)
     payload["sm_limits"] = run_sm_limits(bench)
     payload["sweep"] = run_sweep(bench, shapes)
-    payload["failures"] = bench.failures
+    print("\nfused ring kernels, flags preset (cuBLAS = the library GEMM of the whole problem)")
+    payload["ring"] = ring_bench.run(cases, dtype=args.dtype, warmup=args.warmup, repeats=args.repeats)
+    payload["summary"] = summarize(args.dtype, payload["shapes"], payload["ring"])
+    failures = bench.failures + [f"ring {case}: wrong" for case in payload["ring"]["summary"]["wrong"]]
+    payload["failures"] = failures
     payload["wall_s"] = time.perf_counter() - t0
-    write_json(out_path, _finite(payload))
-    if bench.failures:
-        print(f"\n{len(bench.failures)} failure(s):", *bench.failures, sep="\n  ", file=sys.stderr)
+    write_json(args.out, payload)
+    print(payload["summary"])
+    if failures:
+        print(f"\n{len(failures)} failure(s):", *failures, sep="\n  ", file=sys.stderr)
         return 1
     return 0
 

@@ -3,6 +3,7 @@
 Run from the repository root (the script puts the root on ``sys.path`` itself):
 
     python bench/ring_bench.py --out bench/results/ring_h200.json    # CUDA, about a minute on one H200
+    python bench/ring_bench.py --dtype fp8 --out X.json              # FP8 operands (`gemm_bench` runs this too)
     python bench/ring_bench.py --dry-run [--out X.json]              # no CUDA: list the slots
 
 What it measures: for every slot of the anchor shapes (``overlap_bench.ANCHORS``, TP=2, mbs 1) whose
@@ -14,7 +15,8 @@ beside torch.mm (cuBLAS) and `gemm.matmul` of the same whole GEMM [T, K] x [K, N
     fused / cuBLAS   what a fused ring can reach at best, all communication hidden
 The overlap benchmark's fused-ring time minus this one is what the communication itself costs beside the
 kernel (copy-engine traffic, the ranks' skew).  Timing as in `gemm_bench` (interleaved variants, each call
-behind a GPU sleep, rotating inputs); every variant is checked against float32 cuBLAS.
+behind a GPU sleep, rotating inputs: `bench.timing`); every variant is checked against float32 cuBLAS (FP8:
+``torch._scaled_mm`` is the cuBLAS variant, the reference the dequantized fp32 product).
 
 Exit status: 0 all correct, 1 a variant failed or was wrong (the JSON is written either way), 2 usage.
 """
@@ -36,21 +38,26 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from bench.environment import environment  # noqa: E402
-from bench.gemm_bench import (  # noqa: E402
+from bench.overlap_bench import ANCHORS  # noqa: E402
+from bench.timing import (  # noqa: E402
     REL_ERR_LIMIT,
     Operands,
     Variant,
+    check,
     l2_bytes,
+    library,
     parse_args,
-    rel_err,
+    scales,
     time_interleaved,
     write_json,
 )
-from bench.overlap_bench import ANCHORS  # noqa: E402
 from overlap_runtime import gemm, ring_gemm  # noqa: E402
 from overlap_runtime.shape import Collective, ModelShape, Slot, slot_gemm  # noqa: E402
 
-DEFAULT_OUT = REPO / "bench" / "results" / "ring_h200.json"
+DEFAULT_OUT = {
+    "bf16": REPO / "bench" / "results" / "ring_h200.json",
+    "fp8": REPO / "bench" / "results" / "ring_fp8_h200.json",
+}
 TP = 2
 RANK = 0
 EPOCH = 1
@@ -79,8 +86,9 @@ def ring_cases() -> list[RingCase]:
     return cases
 
 
-def fused_variant(case: RingCase, device: torch.device) -> tuple[Variant, dict[str, Any]]:
-    """Rank 0's fused launch over a [m, k] @ b [k, n] with every flag preset, and what it was planned with.
+def fused_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> tuple[Variant, dict[str, Any]]:
+    """Rank 0's fused launch over ``dtype`` operands a [m, k] @ b [k, n] with every flag preset, and what it
+    was planned with.
 
     All-gather: the local shard is a's first chunk and the ring buffer is a itself (chunk 0 is never read
     from it).  Reduce-scatter: out's first chunk gets our partial plus the peer's, which is zero here.
@@ -88,48 +96,51 @@ def fused_variant(case: RingCase, device: torch.device) -> tuple[Variant, dict[s
     rows = case.m // TP
     if case.collective == Collective.ALL_GATHER:
         ready = torch.full((TP,), EPOCH, dtype=torch.int32, device=device)
-        config = ring_gemm.ring_config(rows, case.n, case.k, chunks=TP, dtype=torch.bfloat16,
-                                       num_sms=gemm.device_sm_count(device))  # fmt: skip
+        sms = gemm.device_sm_count(device)
+        config = ring_gemm.ring_config(rows, case.n, case.k, chunks=TP, dtype=dtype, num_sms=sms)
 
         def gather(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-            return ring_gemm.gather_matmul(a[:rows], a, b, out, ready=ready, epoch=EPOCH, rank=RANK, config=config)
+            return ring_gemm.gather_matmul(
+                a[:rows], a, b, out, ready=ready, epoch=EPOCH, rank=RANK, config=config, **scales(a)
+            )
 
         return gather, {"config": config.label()}
-    plan = ring_gemm.scatter_plan(rows, case.n, case.k, chunks=TP, dtype=torch.bfloat16, device=device, num_sms=None)
+    plan = ring_gemm.scatter_plan(rows, case.n, case.k, chunks=TP, dtype=dtype, device=device, num_sms=None)
     lanes = ring_gemm.max_segments(rows)
-    parts = torch.empty((TP - 1, rows, case.n), dtype=torch.bfloat16, device=device)
-    recv = torch.zeros((TP, rows, case.n), dtype=torch.bfloat16, device=device)
+    partial_dtype = gemm.out_dtype(dtype)
+    parts = torch.empty((TP - 1, rows, case.n), dtype=partial_dtype, device=device)
+    recv = torch.zeros((TP, rows, case.n), dtype=partial_dtype, device=device)
     counts = torch.zeros(((TP - 1) * len(plan.segments),), dtype=torch.int32, device=device)
     ready = torch.full((TP * lanes,), EPOCH, dtype=torch.int32, device=device)
 
     def scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        ring_gemm.scatter_matmul(a, b, out[:rows], parts=parts, counts=counts, recv=recv, ready=ready, epoch=EPOCH,
-                                 rank=RANK, plan=plan)  # fmt: skip
+        ring_gemm.scatter_matmul(
+            a, b, out[:rows], parts=parts, counts=counts, recv=recv, ready=ready, epoch=EPOCH, rank=RANK, plan=plan,
+            **scales(a),
+        )  # fmt: skip
         return out[:rows]
 
     return scatter, {"config": plan.config.label(), "segments": len(plan.segments)}
 
 
-def measure(case: RingCase, *, warmup: int, repeats: int, l2_bytes: int) -> dict[str, Any]:
-    device = torch.device("cuda")
-    ops = Operands(case.m, case.n, case.k, l2_bytes, seed=0)
-    fused, planned = fused_variant(case, device)
-    variants: dict[str, Variant] = {
-        "cublas": lambda a, b, out: torch.mm(a, b, out=out),
-        "matmul": lambda a, b, out: gemm.matmul(a, b, out),
+def variants(case: RingCase, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Variant], dict[str, Any]]:
+    """cuBLAS (FP8: ``torch._scaled_mm``), `gemm.matmul` and the fused kernel on ``case``, and the plan."""
+    fused, planned = fused_variant(case, device, dtype)
+    return {
+        "cublas": library,
+        "matmul": lambda a, b, out: gemm.matmul(a, b, out, **scales(a)),
         "fused": fused,
-    }
-    a, b, out = ops.sets[0]
-    ref = torch.mm(a.float(), b.float())
-    errors = {}
-    for name, fn in variants.items():
-        out.fill_(float("nan"))
-        written = fn(a, b, out)
-        errors[name] = rel_err(written, ref[: written.shape[0]])
+    }, planned
+
+
+def measure(case: RingCase, *, dtype: torch.dtype, warmup: int, repeats: int, l2_bytes: int) -> dict[str, Any]:
+    ops = Operands(case.m, case.n, case.k, l2_bytes, seed=0, dtype=dtype)
+    fns, planned = variants(case, torch.device("cuda"), dtype)
+    errors = {name: check(ops, fn) for name, fn in fns.items()}
     row: dict[str, Any] = dataclasses.asdict(case) | planned
     row["rel_err"] = {name: (e if math.isfinite(e) else None) for name, e in errors.items()}
     row["correct"] = all(e <= REL_ERR_LIMIT for e in errors.values())
-    row["times"] = time_interleaved(ops, variants, warmup=warmup, repeats=repeats)
+    row["times"] = time_interleaved(ops, fns, warmup=warmup, repeats=repeats)
     ms = {name: t["ms"] for name, t in row["times"].items()}
     row["fused_vs_matmul"] = ms["fused"] / ms["matmul"]
     row["fused_vs_cublas"] = ms["fused"] / ms["cublas"]
@@ -138,13 +149,38 @@ def measure(case: RingCase, *, warmup: int, repeats: int, l2_bytes: int) -> dict
     return row
 
 
+def run(cases: list[RingCase], *, dtype: torch.dtype, warmup: int, repeats: int) -> dict[str, Any]:
+    """Every case measured and printed: {"rows": ..., "summary": ...} (medians of fused / matmul and fused /
+    cuBLAS, the cases that computed wrong)."""
+    l2 = l2_bytes()
+    print(f"{'shape':13} {'slot':11} {'cuBLAS':>7} {'matmul':>7} {'fused':>7} {'f/mm':>6} {'f/cuBLAS':>8}  config")
+    rows = []
+    for case in cases:
+        row = measure(case, dtype=dtype, warmup=warmup, repeats=repeats, l2_bytes=l2)
+        rows.append(row)
+        ms = {name: t["ms"] for name, t in row["times"].items()}
+        print(
+            f"{case.shape:13} {case.slot:11} {ms['cublas']:7.4f} {ms['matmul']:7.4f} {ms['fused']:7.4f} "
+            f"{row['fused_vs_matmul']:6.3f} {row['fused_vs_cublas']:8.3f}  {row['config']}"
+            + ("" if row["correct"] else f"  WRONG {row['rel_err']}"),
+            flush=True,
+        )
+    summary = {
+        "fused_vs_matmul_median": statistics.median(r["fused_vs_matmul"] for r in rows),
+        "fused_vs_cublas_median": statistics.median(r["fused_vs_cublas"] for r in rows),
+        "wrong": [f"{r['shape']}/{r['slot']}" for r in rows if not r["correct"]],
+    }
+    print(summary)
+    return {"rows": rows, "summary": summary}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, doc=__doc__, default_out=DEFAULT_OUT, dry_run="list the fused slots")
     cases = ring_cases()
     payload: dict[str, Any] = {
         "environment": environment(),
         "method": {
-            "dtype": "bf16",
+            "dtype": args.dtype_name,
             "tp": TP,
             "rank": RANK,
             "warmup": args.warmup,
@@ -162,31 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: cuda: a CUDA device is required (got none); use --dry-run", file=sys.stderr)
         return 2
-    l2 = l2_bytes()
-    print(f"{'shape':13} {'slot':11} {'cuBLAS':>7} {'matmul':>7} {'fused':>7} {'f/mm':>6} {'f/cuBLAS':>8}  config")
     started = time.perf_counter()
-    rows = []
-    for case in cases:
-        row = measure(case, warmup=args.warmup, repeats=args.repeats, l2_bytes=l2)
-        rows.append(row)
-        ms = {name: t["ms"] for name, t in row["times"].items()}
-        print(
-            f"{case.shape:13} {case.slot:11} {ms['cublas']:7.4f} {ms['matmul']:7.4f} {ms['fused']:7.4f} "
-            f"{row['fused_vs_matmul']:6.3f} {row['fused_vs_cublas']:8.3f}  {row['config']}"
-            + ("" if row["correct"] else f"  WRONG {row['rel_err']}"),
-            flush=True,
-        )
-    payload |= {
-        "rows": rows,
-        "summary": {
-            "fused_vs_matmul_median": statistics.median(r["fused_vs_matmul"] for r in rows),
-            "fused_vs_cublas_median": statistics.median(r["fused_vs_cublas"] for r in rows),
-            "wrong": [f"{r['shape']}/{r['slot']}" for r in rows if not r["correct"]],
-        },
-        "wall_s": time.perf_counter() - started,
-    }
-    write_json(args.out if args.out is not None else DEFAULT_OUT, payload)
-    print(payload["summary"])
+    payload |= run(cases, dtype=args.dtype, warmup=args.warmup, repeats=args.repeats)
+    payload["wall_s"] = time.perf_counter() - started
+    write_json(args.out, payload)
     return 1 if payload["summary"]["wrong"] else 0
 
 

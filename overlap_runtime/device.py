@@ -151,9 +151,17 @@ class Device:
         partials in ``parts`` (counted per segment in ``counts``) and adds what arrived in ``box``
         (`ring_gemm.scatter_matmul`); the copy engine's pushes are the caller's."""
         ring_gemm.scatter_matmul(
-            a, b, out, parts=parts, counts=counts.words[: (self.tp - 1) * len(plan.segments)], recv=box.local,
-            ready=box.flags[: self.tp * box.lanes], epoch=epoch, rank=self.rank, plan=plan,
-        )  # fmt: skip
+            a,
+            b,
+            out,
+            parts=parts,
+            counts=counts.words[: (self.tp - 1) * len(plan.segments)],
+            recv=box.local,
+            ready=box.flags[: self.tp * box.lanes],
+            epoch=epoch,
+            rank=self.rank,
+            plan=plan,
+        )
 
     def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
         """The best library GEMM at full SMs: the `gemm_ms` reference."""

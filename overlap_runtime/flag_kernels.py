@@ -39,12 +39,13 @@ def _spin_kernel(flag_ptr, target):
 def spin(flag: torch.Tensor, target: int) -> None:
     """On the current stream: one program that returns once the int32 ``flag[0]`` reaches ``target``;
     what is queued behind it starts right after (about a microsecond, where a memop wait took 5-11 µs)."""
-    _spin_kernel[(1,)](flag, target)
+    _spin_kernel[(1,)](flag_ptr=flag, target=target)
 
 
 @triton.jit(do_not_specialize=["epoch"])
-def _reduce_kernel(own_ptr, received_ptr, out_ptr, numel, ready_ptr, epoch, rank, SOURCES: tl.constexpr,
-                   BLOCK: tl.constexpr):  # fmt: skip
+def _reduce_kernel(
+    own_ptr, received_ptr, out_ptr, numel, ready_ptr, epoch, rank, SOURCES: tl.constexpr, BLOCK: tl.constexpr
+):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < numel
     acc = tl.load(own_ptr + offsets, mask=mask).to(tl.float32)
@@ -55,8 +56,9 @@ def _reduce_kernel(own_ptr, received_ptr, out_ptr, numel, ready_ptr, epoch, rank
     tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def reduce_when_ready(out: torch.Tensor, own: torch.Tensor, received: torch.Tensor, ready: torch.Tensor,
-                      *, epoch: int, rank: int) -> None:  # fmt: skip
+def reduce_when_ready(
+    out: torch.Tensor, own: torch.Tensor, received: torch.Tensor, ready: torch.Tensor, *, epoch: int, rank: int
+) -> None:
     """On the current stream: ``out = own + sum(received[s] for every source s != rank)``, each source's
     slot read once its flag ``ready[s]`` reaches ``epoch``; sums in fp32, in source order.
 
@@ -73,4 +75,14 @@ def reduce_when_ready(out: torch.Tensor, own: torch.Tensor, received: torch.Tens
         raise InputError("ready", f"must hold a flag for each of the {sources} sources", ready.numel())
     numel = own.numel()
     grid = (triton.cdiv(numel, REDUCE_BLOCK),)
-    _reduce_kernel[grid](own, received, out, numel, ready, epoch, rank, SOURCES=sources, BLOCK=REDUCE_BLOCK)
+    _reduce_kernel[grid](
+        own_ptr=own,
+        received_ptr=received,
+        out_ptr=out,
+        numel=numel,
+        ready_ptr=ready,
+        epoch=epoch,
+        rank=rank,
+        SOURCES=sources,
+        BLOCK=REDUCE_BLOCK,
+    )

@@ -4,6 +4,7 @@ Shape legend (row-major, as everywhere in `overlap_runtime`):
     a   [M, K]   left operand (tokens x in-features)
     b   [K, N]   right operand (in-features x out-features, i.e. a weight already transposed)
     out [M, N]   ``out[m, n] = sum_k a[m, k] * b[k, n]``, accumulated in fp32, stored in ``a.dtype``
+                 (FP8 E4M3 operands: times ``scale_a * scale_b``, stored in bf16; see `matmul`)
 Any of the three may be a strided view: a transpose (``w.t()``), a row slice, or a column slice of a
 bigger buffer (``buf[:, 128:256]``, the chunk of a userbuffers communicator).  Strides go to the kernel
 as they are; nothing is copied.  ``out`` is written in place when given and must not overlap ``a`` or
@@ -35,6 +36,12 @@ along K over the idle programs and the parts are added by whichever part finishe
 An even stream-K spread of every K step over all programs was tried first and ran 1.7x slower per K step:
 programs at unrelated K offsets of unrelated tiles share nothing in L2.
 
+FP8 (`FP8` operands, per-tensor scales as TE's delayed and current scaling produce them): the same kernels,
+SM bound and TMA loads, K steps of 128 (`for_dtype`), the scales applied to the fp32 accumulator before the
+store; ``cublas_matmul``'s FP8 path is ``torch._scaled_mm``.  Compiled for sm_90 with Triton 3.6 the FP8
+kernels issue ``wgmma ... e4m3.e4m3`` MMAs with the shared memory of bf16's (213 KB at 128x256); their
+speed against ``torch._scaled_mm`` is `bench/gemm_bench.py --dtype fp8`'s to measure.
+
 The kernel is launched on the current CUDA stream of ``a``'s device.  With ``TRITON_INTERPRET=1`` set
 before this module is imported, it runs in Triton's interpreter on CPU tensors (the tests do this).
 """
@@ -44,7 +51,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -55,7 +64,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from overlap_runtime.errors import ConfigError, InputError
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-"""Input/output dtypes of `matmul`; the accumulator is always fp32."""
+"""Dtypes of `matmul` whose output is in the inputs' dtype; the accumulator is always fp32."""
+
+FP8 = torch.float8_e4m3fn
+"""FP8 operands (E4M3, as TE's delayed and current scaling quantize inputs and weights), with per-tensor
+dequantization scales and a `FP8_OUT` output."""
+
+FP8_OUT = torch.bfloat16
+"""What a GEMM of FP8 operands writes."""
 
 CPU_DEFAULT_NUM_SMS = 4
 """Programs launched on CPU tensors (Triton's interpreter) when ``num_sms`` is None."""
@@ -147,8 +163,10 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, c
     ``steps / splits`` plus the fix-up (`_TAIL_FIXUP_COST`).  The cheapest of LARGE, MEDIUM and SMALL, each
     with and without a split tail, wins; ties go to the larger tile without split.  So big problems take
     128x256x64, and a split tail or 128x128 / 64x128 tiles take over when 128x256 tiles would leave most
-    SMs idle in the last round.  For fp32 inputs (tests), block_k is halved and stages drop to 3 so the
-    stages fit in SMEM.
+    SMs idle in the last round.
+
+    FP8 K steps are 128 deep (`_for_dtype`): a stage holds the same 128 bytes of each row as bf16's 64, so
+    the same shared memory, and twice the MMA work per step.
 
     A ring kernel's tiles past its first chunk (m / ``chunks`` rows) wait for communication, so a config
     whose first chunk leaves more than `MAX_EARLY_WAITERS` of the programs waiting from the start is
@@ -157,7 +175,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, c
     """
     choices = []
     for base in (LARGE, MEDIUM, SMALL):
-        cfg = base if dtype != torch.float32 else dataclasses.replace(base, block_k=base.block_k // 2, num_stages=3)
+        cfg = for_dtype(base, dtype)
         steps = max(1, triton.cdiv(k, cfg.block_k))
         area = cfg.block_m * cfg.block_n / _TILE_EFFICIENCY[(cfg.block_m, cfg.block_n)]
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
@@ -171,6 +189,59 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, c
             choices.append((early, cost, dataclasses.replace(cfg, split_tail=True)))
     # min() keeps the first of equal keys: ties go to the larger tile, then to no split
     return min(choices, key=lambda choice: choice[:2])[2]
+
+
+class KernelConstants(NamedTuple):
+    """The compile-time constants of one launch that our kernels and their helpers share, passed as one
+    constexpr ``C`` (`launch` fills it).  A NamedTuple because Triton takes tuples, not dataclasses, as
+    kernel arguments; a ring kernel's ``CHUNKS`` stays a constexpr of its own, since Triton 3.6 gives fields
+    of a constexpr tuple to ``tl.static_range`` as plain ints, which it refuses."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int
+    NUM_SMS: int
+    """Programs of a full round: the stride of the persistent tile loop."""
+    FP32_IEEE: bool
+    """fp32 operands: full fp32 products, not TF32 (the tests compare against float64)."""
+    UPCAST: bool
+    """Interpreter only: bf16 operands go to fp32 before `tl.dot` (it multiplies bf16 bit patterns, triton#11584)."""
+    EVEN_M: bool
+    """M is a multiple of BLOCK_M: no row masks (EVEN_N, EVEN_K likewise)."""
+    EVEN_N: bool
+    EVEN_K: bool
+    TMA: bool
+    """The tiled operands are tensor descriptors, else pointers with strides."""
+    B_KMAJOR: bool
+    """With TMA, b is column-major and its descriptor is b.T's ([BLOCK_N, BLOCK_K] tiles, transposed as loaded):
+    the layout that the FP8 MMA reads from shared memory as it is (`_b_kmajor`)."""
+    SPLIT_TAIL: bool
+    """The last round is cut along K (`split_tail`)."""
+
+
+def for_dtype(cfg: GemmTileConfig, dtype: torch.dtype) -> GemmTileConfig:
+    """A bf16 tile config adapted to ``dtype`` operands: K steps of the same 128 bytes (64 bf16, 128 FP8 or
+    32 fp32 elements), and for fp32 (tests) 3 stages, which then fit in shared memory."""
+    if dtype == FP8:
+        return dataclasses.replace(cfg, block_k=cfg.block_k * 2)
+    if dtype == torch.float32:
+        return dataclasses.replace(cfg, block_k=cfg.block_k // 2, num_stages=3)
+    return cfg
+
+
+@triton.jit
+def tile_grid(dims, tail, C: tl.constexpr, CHUNKS: tl.constexpr):
+    """The opening of every persistent kernel of ours, over ``CHUNKS`` chunks of ``dims`` = (M, N, K):
+    (pid, grid, whole_tiles, steps) = this program, one chunk's grid of tiles (rows, columns), the tiles that
+    the persistent loop walks (all chunks' but the ``tail[0]`` of a split tail) and a whole tile's K steps."""
+    M, N, K = dims
+    pid = tl.program_id(axis=0)
+    num_pid_m = (M + C.BLOCK_M - 1) // C.BLOCK_M
+    num_pid_n = (N + C.BLOCK_N - 1) // C.BLOCK_N
+    whole_tiles = CHUNKS * (num_pid_m * num_pid_n) - tail[0]
+    steps = (K + C.BLOCK_K - 1) // C.BLOCK_K
+    return pid, (num_pid_m, num_pid_n), whole_tiles, steps
 
 
 @triton.jit
@@ -188,9 +259,10 @@ def load_block(ptrs, rows_ok, cols_ok, EVEN_ROWS: tl.constexpr, EVEN_COLS: tl.co
 
 
 @triton.jit
-def tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of ``tile`` in grouped order: GROUP_M rows of tiles are walked column by column, so
-    the b-blocks they share stay in L2."""
+def tile_position(tile, grid, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of ``tile`` in grouped order on ``grid`` (rows, columns of tiles): GROUP_M rows of tiles
+    are walked column by column, so the b-blocks they share stay in L2."""
+    num_pid_m, num_pid_n = grid
     num_pid_in_group = GROUP_M * num_pid_n
     first_pid_m = (tile // num_pid_in_group) * GROUP_M
     group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
@@ -200,65 +272,51 @@ def tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def partial_product(
-    a,
-    b,
-    off_m,
-    off_n,
-    k_lo,
-    k_hi,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """The fp32 tile ``a[off_m:off_m+BLOCK_M, ks] @ b[ks, off_n:off_n+BLOCK_N]`` over the K steps ``ks`` =
-    ``k_lo <= ki < k_hi`` of BLOCK_K each: all of them for a whole tile, a range for one part of a
-    `split_tail` tile.  With TMA, ``a`` and ``b`` are tensor descriptors (the copy hardware zero-fills past
-    the edges); else pointers with strides and masks."""
-    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
-    if TMA:
+def partial_product(a, b, off, ks, dims, stride_a, stride_b, scales, C: tl.constexpr):
+    """The fp32 tile ``a[off_m:off_m+BLOCK_M, k] @ b[k, off_n:off_n+BLOCK_N]`` (``off`` = (off_m, off_n))
+    over the K steps ``ks`` = (k_lo, k_hi), ``k_lo <= ki < k_hi`` of BLOCK_K each: all of them for a whole
+    tile, a range for one part of a `split_tail` tile, times ``scale_a * scale_b`` when ``scales`` =
+    (scale_a, scale_b) is not None (FP8: the parts of a split tile are scaled before they are added).  With
+    TMA, ``a`` and ``b`` are tensor descriptors (the copy hardware zero-fills past the edges); else pointers
+    with strides (row, column) and masks."""
+    off_m, off_n = off
+    k_lo, k_hi = ks
+    M, N, K = dims
+    acc = tl.full((C.BLOCK_M, C.BLOCK_N), 0.0, dtype=tl.float32)  # = tl.zeros, a builtin
+    if C.TMA:
         for ki in range(k_lo, k_hi):
-            a_block = a.load([off_m, ki * BLOCK_K])
-            b_block = b.load([ki * BLOCK_K, off_n])
-            acc = _dot(a_block, b_block, acc, FP32_IEEE, UPCAST)
+            a_block = a.load([off_m, ki * C.BLOCK_K])
+            if C.B_KMAJOR:  # noqa: SIM108 (a compile-time choice of load, one per variant)
+                b_block = b.load([off_n, ki * C.BLOCK_K]).T
+            else:
+                b_block = b.load([ki * C.BLOCK_K, off_n])
+            acc = _dot(a_block, b_block, acc, C)
     else:
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
-        offs_k0 = tl.arange(0, BLOCK_K)
+        offs_m = off_m + tl.arange(0, C.BLOCK_M)
+        offs_n = off_n + tl.arange(0, C.BLOCK_N)
+        offs_k0 = tl.arange(0, C.BLOCK_K)
         mask_m = offs_m < M  # masks are applied only where EVEN_* says a dimension can be ragged
         mask_n = offs_n < N
-        a_ptrs = a + offs_m[:, None] * stride_am + (k_lo * BLOCK_K + offs_k0)[None, :] * stride_ak
-        b_ptrs = b + (k_lo * BLOCK_K + offs_k0)[:, None] * stride_bk + offs_n[None, :] * stride_bn
+        a_ptrs = a + offs_m[:, None] * stride_a[0] + (k_lo * C.BLOCK_K + offs_k0)[None, :] * stride_a[1]
+        b_ptrs = b + (k_lo * C.BLOCK_K + offs_k0)[:, None] * stride_b[0] + offs_n[None, :] * stride_b[1]
         for ki in range(k_lo, k_hi):
-            mask_k = offs_k0 < K - ki * BLOCK_K
-            a_block = load_block(a_ptrs, mask_m, mask_k, EVEN_M, EVEN_K)
-            b_block = load_block(b_ptrs, mask_k, mask_n, EVEN_K, EVEN_N)
-            acc = _dot(a_block, b_block, acc, FP32_IEEE, UPCAST)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+            mask_k = offs_k0 < K - ki * C.BLOCK_K
+            a_block = load_block(a_ptrs, mask_m, mask_k, C.EVEN_M, C.EVEN_K)
+            b_block = load_block(b_ptrs, mask_k, mask_n, C.EVEN_K, C.EVEN_N)
+            acc = _dot(a_block, b_block, acc, C)
+            a_ptrs += C.BLOCK_K * stride_a[1]
+            b_ptrs += C.BLOCK_K * stride_b[0]
+    if scales is not None:
+        acc = acc * (tl.load(scales[0]) * tl.load(scales[1]))
     return acc
 
 
 @triton.jit
-def _dot(a, b, acc, FP32_IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    if UPCAST:  # interpreter only: it multiplies bf16 bit patterns (triton#11584)
+def _dot(a, b, acc, C: tl.constexpr):
+    if C.UPCAST:
         a = a.to(tl.float32)
         b = b.to(tl.float32)
-    # fp32 inputs: full fp32 products, not TF32 (the tests compare against float64).
-    if FP32_IEEE:  # noqa: SIM108 (keeps the bf16 path literally `tl.dot(a, b, acc)`)
+    if C.FP32_IEEE:  # noqa: SIM108 (keeps the bf16 path literally `tl.dot(a, b, acc)`)
         acc = tl.dot(a, b, acc, input_precision="ieee")
     else:
         acc = tl.dot(a, b, acc)
@@ -266,174 +324,96 @@ def _dot(a, b, acc, FP32_IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def store_tile(
-    c,
-    off_m,
-    off_n,
-    M,
-    N,
-    stride_cm,
-    stride_cn,
-    acc,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """``c[off_m:, off_n:] = acc`` in c's dtype: a descriptor store (clipped at the edges by the hardware)
-    with TMA, else a pointer store masked where a dimension can be ragged."""
+def store_tile(c, off, bounds, strides, acc, C: tl.constexpr, TMA: tl.constexpr):
+    """``c[off_m:, off_n:] = acc`` in c's dtype (``off`` = (off_m, off_n)): a descriptor store (clipped at the
+    edges by the hardware) with TMA, else a pointer store with ``strides`` (row, column), masked at ``bounds``
+    (rows, columns) where C's EVEN_M / EVEN_N say a dimension can be ragged."""
+    off_m, off_n = off
     if TMA:
         c.store([off_m, off_n], acc.to(c.dtype))
     else:
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
-        c_ptrs = c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        if EVEN_M and EVEN_N:
+        rows, cols = bounds
+        offs_m = off_m + tl.arange(0, C.BLOCK_M)
+        offs_n = off_n + tl.arange(0, C.BLOCK_N)
+        c_ptrs = c + offs_m[:, None] * strides[0] + offs_n[None, :] * strides[1]
+        if C.EVEN_M and C.EVEN_N:
             tl.store(c_ptrs, acc.to(c.dtype.element_ty))
         else:
-            tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+            tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=(offs_m < rows)[:, None] & (offs_n < cols)[None, :])
 
 
 @triton.jit
 def _persistent_matmul_kernel(
-    a,
-    b,
-    c,
-    partials,
-    locks,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    tail_tiles,
-    splits,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
-    SPLIT_TAIL: tl.constexpr,
+    a, b, c, scales, scratch, dims, stride_a, stride_b, stride_c, tail, C: tl.constexpr, CHUNKS: tl.constexpr
 ):
     # Only tl builtins and our own @jit helpers here (no tl.cdiv, tl.zeros & co., @jit functions of
     # triton.language): then the interpreter runs this kernel even when triton was imported before
     # TRITON_INTERPRET=1 was set.
-    pid = tl.program_id(axis=0)
-    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    whole_tiles = num_pid_m * num_pid_n - tail_tiles
-    steps = (K + BLOCK_K - 1) // BLOCK_K
+    pid, grid, whole_tiles, steps = tile_grid(dims, tail, C, CHUNKS)
+    M, N, _ = dims
     # flatten: the K loops of consecutive tiles form one software pipeline (loads of the next tile start
     # under the last MMAs of this one); measured with TMA only.
-    for tile in tl.range(pid, whole_tiles, NUM_SMS, flatten=TMA):
-        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = partial_product(
-            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, steps, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
-        store_tile(
-            c, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA
-        )
-    if SPLIT_TAIL:
-        split_tail(
-            a, b, c, partials, locks, whole_tiles, tail_tiles, splits, num_pid_m, num_pid_n, M, N, K, stride_am,
-            stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FP32_IEEE,
-            UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
+    for tile in tl.range(pid, whole_tiles, C.NUM_SMS, flatten=C.TMA):
+        pid_m, pid_n = tile_position(tile, grid, C.GROUP_M)
+        off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
+        acc = partial_product(a, b, off, (0, steps), dims, stride_a, stride_b, scales, C)
+        store_tile(c, off, (M, N), stride_c, acc, C, C.TMA)
+    if C.SPLIT_TAIL:
+        split_tail(a, b, c, scales, scratch, whole_tiles, tail, grid, dims, stride_a, stride_b, stride_c, C)
 
 
 @triton.jit
-def split_tail(
-    a,
-    b,
-    c,
-    partials,
-    locks,
-    first_tile,
-    tail_tiles,
-    splits,
-    num_pid_m,
-    num_pid_n,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """The last ``tail_tiles`` tiles (from ``first_tile``), each cut along K into ``splits`` equal parts:
-    program ``t + s * tail_tiles`` computes part s of tail tile t (`tail_part`), so the part-empty last wave
-    becomes ``splits`` times shorter, and whichever part arrives last stores the tile (`add_parts`).
+def split_tail(a, b, c, scales, scratch, first_tile, tail, grid, dims, stride_a, stride_b, stride_c, C: tl.constexpr):
+    """The last ``tail`` = (tail_tiles, splits) tiles (from ``first_tile``), each cut along K into ``splits``
+    equal parts: program ``t + s * tail_tiles`` computes part s of tail tile t (`tail_part`), so the part-empty
+    last wave becomes ``splits`` times shorter, and whichever part arrives last stores the tile (`add_parts`).
     Programs with the same s read the same K range of neighbouring tiles at the same time (L2 reuse, which
     an even stream-K spread of K steps loses: measured 1.7x slower per step)."""
+    M, N, K = dims
     pid = tl.program_id(axis=0)
-    if pid < tail_tiles * splits:
-        t, k_lo, k_hi = tail_part(pid, tail_tiles, splits, K, BLOCK_K)
-        pid_m, pid_n = tile_position(first_tile + t, num_pid_m, num_pid_n, GROUP_M)
-        acc = partial_product(
-            a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
-        last, total = add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
+    if pid < tail[0] * tail[1]:
+        t, ks = tail_part(pid, tail, K, C.BLOCK_K)
+        pid_m, pid_n = tile_position(first_tile + t, grid, C.GROUP_M)
+        off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
+        acc = partial_product(a, b, off, ks, dims, stride_a, stride_b, scales, C)
+        last, total = add_parts(scratch, tail, acc, pid, t, C)
         if last:
-            store_tile(
-                c, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, total, BLOCK_M, BLOCK_N, EVEN_M,
-                EVEN_N, TMA,
-            )  # fmt: skip
+            store_tile(c, off, (M, N), stride_c, total, C, C.TMA)
 
 
 @triton.jit
-def tail_part(pid, tail_tiles, splits, K, BLOCK_K: tl.constexpr):
-    """(t, k_lo, k_hi) of program ``pid`` in a split tail: its tail tile t and the K steps of its part."""
+def tail_part(pid, tail, K, BLOCK_K: tl.constexpr):
+    """(t, (k_lo, k_hi)) of program ``pid`` in a split tail of ``tail`` = (tail_tiles, splits): its tail tile
+    t and the K steps of its part."""
+    tail_tiles, splits = tail
     part = pid // tail_tiles
     steps = (K + BLOCK_K - 1) // BLOCK_K
-    return pid % tail_tiles, part * steps // splits, (part + 1) * steps // splits
+    return pid % tail_tiles, (part * steps // splits, (part + 1) * steps // splits)
 
 
 @triton.jit
-def add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def add_parts(scratch, tail, acc, pid, t, C: tl.constexpr):
     """Hand in program ``pid``'s part ``acc`` of tail tile t; returns (last, total): whether this part arrived
     last and, if so, the sum of all parts (else ``acc``), which the caller then stores.
 
-    Each part goes to ``partials`` (fp32 [tail_tiles * splits, BLOCK_M * BLOCK_N], row = program) and bumps
-    the tile's counter in ``locks`` (acq_rel: the stores before it are visible to whoever reads the count
-    after it).  The last one adds all parts in split order (the sum does not depend on who arrived last)
-    and resets the counter to 0 for the next launch.  Nobody waits.
+    ``scratch`` = (partials, locks), ``tail`` = (tail_tiles, splits).  Each part goes to ``partials`` (fp32
+    [tail_tiles * splits, BLOCK_M * BLOCK_N], row = program) and bumps the tile's counter in ``locks``
+    (acq_rel: the stores before it are visible to whoever reads the count after it).  The last one adds all
+    parts in split order (the sum does not depend on who arrived last) and resets the counter to 0 for the
+    next launch.  Nobody waits.
     """
-    local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    tl.store(partials + pid * (BLOCK_M * BLOCK_N) + local, acc)
+    partials, locks = scratch
+    tail_tiles, splits = tail
+    local = tl.arange(0, C.BLOCK_M)[:, None] * C.BLOCK_N + tl.arange(0, C.BLOCK_N)[None, :]
+    tl.store(partials + pid * (C.BLOCK_M * C.BLOCK_N) + local, acc)
     tl.debug_barrier()  # the whole part is stored before the count publishes it
     last = tl.atomic_add(locks + t, 1, sem="acq_rel", scope="gpu") == splits - 1
     total = acc
     if last:
         tl.debug_barrier()  # every thread reads after the acquire
-        total = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
+        total = tl.full((C.BLOCK_M, C.BLOCK_N), 0.0, dtype=tl.float32)
         for q in range(0, splits):
-            total += tl.load(partials + (t + q * tail_tiles) * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
+            total += tl.load(partials + (t + q * tail_tiles) * (C.BLOCK_M * C.BLOCK_N) + local, cache_modifier=".cg")
         tl.store(locks + t, 0)
     return last, total
 
@@ -471,12 +451,12 @@ class TailSplit:
         """One program per SM, or per tile or tail part when there are fewer."""
         return (min(sms, max(tiles, self.tiles * self.splits)),)
 
-    def pointers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kernel's pointer arguments ``partials, locks``."""
+    def scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernels' argument ``scratch`` = (partials, locks)."""
         return self.partials, self.locks
 
-    def scalars(self) -> tuple[int, int]:
-        """The kernel's scalar arguments ``tail_tiles, splits``."""
+    def sizes(self) -> tuple[int, int]:
+        """The kernels' argument ``tail`` = (tail_tiles, splits)."""
         return self.tiles, self.splits
 
 
@@ -493,30 +473,36 @@ def matmul(
     num_sms: int | None = None,
     config: GemmTileConfig | None = None,
     tma: bool = True,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out = a @ b`` on at most ``num_sms`` SMs (None: all of the device's; 4 on CPU).
 
+    FP8 (`FP8` a and b): ``out = (a * scale_a) @ (b * scale_b)`` in `FP8_OUT`, with ``scale_a`` and
+    ``scale_b`` one-element fp32 tensors on a's device (per-tensor dequantization scales, TE's scale_inv),
+    applied to the fp32 accumulator before the store.  b column-major (``w.t()`` of a row-major [N, K]
+    weight, the layout ``torch._scaled_mm`` requires) is the one the FP8 MMA reads straight from TMA; a
+    row-major b works too, transposed on chip.  Other dtypes take no scales.
+
     ``config`` None picks tiles with `choose_config`.  The tiles move by TMA (tensor descriptors) when
-    ``tma`` and `tma_fits` allows it, else by pointer loads.  Raises
-    `InputError` (a ValueError) naming the argument for bad tensors or ``num_sms``, `ConfigError` for a bad
-    ``config``.
+    ``tma`` and `tma_fits` allows it, else by pointer loads.  Raises `InputError` (a ValueError) naming the
+    argument for bad tensors, scales or ``num_sms``, `ConfigError` for a bad ``config``.
     """
     m, n, k = check_operands(a, b, out)
+    scales = check_scales(a, scale_a, scale_b)
     check_launchable(a)
     sms = resolve_num_sms(a.device, num_sms)
     if config is not None and not isinstance(config, GemmTileConfig):
         raise ConfigError("config", "must be a GemmTileConfig or None", type(config).__name__)
     if out is None:
-        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        out = torch.empty((m, n), dtype=out_dtype(a.dtype), device=a.device)
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out.zero_()
     cfg = config if config is not None else choose_config(m, n, k, a.dtype, sms)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    tail = TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
-    launch(_persistent_matmul_kernel, tail.grid(tiles, sms), ((a, "a"), (b, "b"), (out, "c")), a=a, b=b, out=out,
-           cfg=cfg, sms=sms, tma=tma, pointers=tail.pointers(), scalars=tail.scalars(), SPLIT_TAIL=tail.splits > 0)  # fmt: skip
+    tiled = {"a": (a, "a"), "b": (b, "b"), "c": (out, "c")}
+    launch(_persistent_matmul_kernel, tiled, a=a, b=b, out=out, cfg=cfg, sms=sms, tma=tma, scales=scales)
     return out
 
 
@@ -530,8 +516,7 @@ def check_launchable(a: torch.Tensor) -> None:
 
 def launch(
     kernel: triton.JITFunction,
-    grid: tuple[int],
-    tiled: tuple[tuple[torch.Tensor, str], ...],
+    tiled: dict[str, tuple[torch.Tensor, str]],
     *,
     a: torch.Tensor,
     b: torch.Tensor,
@@ -539,66 +524,93 @@ def launch(
     cfg: GemmTileConfig,
     sms: int,
     tma: bool,
-    pointers: tuple[torch.Tensor, ...] = (),
-    scalars: tuple[int, ...] = (),
-    **constants: int,
+    chunks: int = 1,
+    **args: object,
 ) -> None:
-    """Launch one of our persistent GEMM kernels on the problem ``a [M, K] @ b [K, N] -> out``.
+    """Launch one of our persistent GEMM kernels on ``chunks`` chunks of the problem ``a [M, K] @ b [K, N] ->
+    out`` (a ring kernel's chunk is M rows; `matmul` has one), on at most ``sms`` programs.
 
-    Every such kernel takes, in order: ``tiled`` (its operands whose tiles it moves, each with its role "a",
-    "b" or "c": TMA descriptors of [block_m, block_k], [block_k, block_n] or [block_m, block_n] tiles when
-    ``tma`` and `tma_fits` allow, else the tensors), ``pointers`` (tensors it only indexes), M, N, K, the
-    strides of a, b and out, ``scalars``, then the tile config and ``constants`` as compile-time constants.
+    Every such kernel takes, by name: its operands whose tiles it moves, ``tiled`` (each with its role "a",
+    "b" or "c": TMA descriptors of its tiles (`tma_views`) when ``tma`` and `tma_fits` allow, else the
+    tensors), its own ``args`` (``scales`` among them: `check_scales`), ``dims`` = (M, N, K), the (row,
+    column) strides ``stride_a``, ``stride_b`` and ``stride_c`` of a, b and out, the split tail's ``scratch``
+    and ``tail`` (`TailSplit`), and the compile-time constants ``C`` (`KernelConstants`) and ``CHUNKS``.
     """
     m, k = a.shape
     n = b.shape[1]
     for name, t in (("a", a), ("b", b), ("out", out)):
         check_int32_offsets(name, t, cfg)
-    tma = tma and tma_fits(cfg, *(t for t, _ in tiled))
-    blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n]}
-    operands = [TensorDescriptor.from_tensor(t, blocks[role]) if tma else t for t, role in tiled]
+    tiles = chunks * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    split = TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
+    b_kmajor = _b_kmajor(b)
+    views = tma_views(cfg, tiled, b_kmajor=b_kmajor)
+    tma = tma and tma_fits(cfg, *(view for view, _ in views.values()))
+    operands = {name: TensorDescriptor.from_tensor(*views[name]) if tma else t for name, (t, _) in tiled.items()}
+    constants = KernelConstants(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        NUM_SMS=sms,
+        FP32_IEEE=a.dtype == torch.float32,
+        UPCAST=INTERPRETED and a.dtype == torch.bfloat16,
+        EVEN_M=m % cfg.block_m == 0,
+        EVEN_N=n % cfg.block_n == 0,
+        EVEN_K=k % cfg.block_k == 0,
+        TMA=tma,
+        B_KMAJOR=tma and b_kmajor,
+        SPLIT_TAIL=split.splits > 0,
+    )
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-        kernel[grid](
-            *operands,
-            *pointers,
-            m,
-            n,
-            k,
-            a.stride(0),
-            a.stride(1),
-            b.stride(0),
-            b.stride(1),
-            out.stride(0),
-            out.stride(1),
-            *scalars,
-            **constants,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
-            NUM_SMS=sms,
-            FP32_IEEE=a.dtype == torch.float32,
-            UPCAST=INTERPRETED and a.dtype == torch.bfloat16,
-            EVEN_M=m % cfg.block_m == 0,
-            EVEN_N=n % cfg.block_n == 0,
-            EVEN_K=k % cfg.block_k == 0,
-            TMA=tma,
+        kernel[split.grid(tiles, sms)](
+            **operands,
+            **args,
+            scratch=split.scratch(),
+            dims=(m, n, k),
+            stride_a=a.stride(),
+            stride_b=b.stride(),
+            stride_c=out.stride(),
+            tail=split.sizes(),
+            C=constants,
+            CHUNKS=chunks,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
 
 
+def _b_kmajor(b: torch.Tensor) -> bool:
+    """Whether TMA reads ``b`` through b.T's descriptor: FP8 with K contiguous.  FP8 MMAs read only K-major
+    tiles from shared memory, so a row-major FP8 b is transposed on chip; 16-bit MMAs read either layout, and
+    their column-major b keeps the pointer loads it was measured with."""
+    return b.dtype == FP8 and b.stride(0) == 1 and b.stride(1) != 1
+
+
+def tma_views(
+    cfg: GemmTileConfig, tiled: dict[str, tuple[torch.Tensor, str]], *, b_kmajor: bool
+) -> dict[str, tuple[torch.Tensor, list[int]]]:
+    """Per tiled operand, the view a tensor descriptor addresses and its tile: [block_m, block_k] of a,
+    [block_k, block_n] of b (b.T's [block_n, block_k] when ``b_kmajor``), [block_m, block_n] of out ("c")."""
+    blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n]}
+    views = {}
+    for name, (t, role) in tiled.items():
+        kmajor = role == "b" and b_kmajor
+        views[name] = (t.t(), blocks[role][::-1]) if kmajor else (t, blocks[role])
+    return views
+
+
 def tma_fits(cfg: GemmTileConfig, *tensors: torch.Tensor) -> bool:
-    """Whether ``cfg`` can move the tiles of ``tensors`` by TMA: every layout allows it (`tma_layout`) and the
-    stages plus the epilogue's staging tile, which TMA adds, fit in the device's shared memory (a config that
-    fills it with stages, like 256x128x64 with 4, runs with pointer loads instead)."""
+    """Whether ``cfg`` can move the tiles of ``tensors`` (the operands, out last) by TMA: every layout allows
+    it (`tma_layout`) and the stages plus the epilogue's staging tile, which TMA adds, fit in the device's
+    shared memory (a config that fills it with stages, like 256x128x64 with 4, runs with pointer loads
+    instead)."""
     if not all(tma_layout(t) for t in tensors):
         return False
     device = tensors[0].device
     if device.type != "cuda":
         return True
-    tiles = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) + cfg.block_m * cfg.block_n
-    return tiles * tensors[0].element_size() + SMEM_SLACK <= max_shared_mem(device.index)
+    stages = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * tensors[0].element_size()
+    staging = cfg.block_m * cfg.block_n * tensors[-1].element_size()
+    return stages + staging + SMEM_SLACK <= max_shared_mem(device.index)
 
 
 @functools.cache
@@ -620,8 +632,14 @@ def cublas_matmul(
     out: torch.Tensor | None = None,
     *,
     num_sms: int | None = None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out = a @ b`` through ``torch.mm`` (cuBLAS on CUDA), asking cuBLAS for ``num_sms`` SMs.
+
+    FP8 operands (scales as in `matmul`) go to ``torch._scaled_mm`` (cuBLASLt) with fast accumulation, which
+    is what our kernel's FP8 MMAs do on Hopper (Triton's default there) and TE's forward GEMMs ask for.  Its
+    layout rules hold: a row-major, b column-major, K and N multiples of 16 (`check_scaled_mm_layout`).
 
     With ``num_sms`` set (CUDA only), the call runs on the cuBLASLt backend with PyTorch's SM carve-out
     set to ``sm_count - num_sms``; both are process-global and read at launch, so they are set right
@@ -630,24 +648,49 @@ def cublas_matmul(
     place (``torch.mm``'s ``out=`` takes any strides).
     """
     m, n, _ = check_operands(a, b, out)
+    scales = check_scales(a, scale_a, scale_b)
+    if scales is not None:
+        check_scaled_mm_layout(a, b)
     if num_sms is not None and a.device.type != "cuda":
         raise InputError("num_sms", "can only be set for CUDA tensors (cuBLAS SM carve-out)", num_sms)
     if out is None:
-        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        out = torch.empty((m, n), dtype=out_dtype(a.dtype), device=a.device)
+    with _cublas_sm_bound(a.device, num_sms):
+        if scales is None:
+            torch.mm(a, b, out=out)
+        else:
+            torch._scaled_mm(a, b, *scales, out_dtype=out.dtype, use_fast_accum=True, out=out)
+    return out
+
+
+@contextlib.contextmanager
+def _cublas_sm_bound(device: torch.device, num_sms: int | None) -> Iterator[None]:
+    """cuBLASLt with PyTorch's SM carve-out for ``num_sms`` SMs inside (nothing for None), restored after."""
     if num_sms is None:
-        return torch.mm(a, b, out=out)
-    sm_count = resolve_num_sms(a.device, num_sms)
-    total = torch.cuda.get_device_properties(a.device).multi_processor_count
+        yield
+        return
+    sm_count = resolve_num_sms(device, num_sms)
+    total = torch.cuda.get_device_properties(device).multi_processor_count
     prev_backend = torch.backends.cuda.preferred_blas_library()
     prev_carveout = torch._C._get_sm_carveout_experimental()
     try:
         torch.backends.cuda.preferred_blas_library("cublaslt")
         torch._C._set_sm_carveout_experimental(total - sm_count)
-        torch.mm(a, b, out=out)
+        yield
     finally:
         torch._C._set_sm_carveout_experimental(prev_carveout)
         torch.backends.cuda.preferred_blas_library(prev_backend)
-    return out
+
+
+def check_scaled_mm_layout(a: torch.Tensor, b: torch.Tensor) -> None:
+    """``torch._scaled_mm``'s layout rules, refused as bad input instead of its runtime error."""
+    if a.stride(1) != 1 or a.shape[1] % 16:
+        raise InputError(
+            "a", "must be row-major with K a multiple of 16 (torch._scaled_mm)", (tuple(a.shape), a.stride())
+        )
+    if b.stride(0) != 1 or b.shape[1] % 16:
+        rule = "must be column-major (w.t() of a row-major weight) with N a multiple of 16 (torch._scaled_mm)"
+        raise InputError("b", rule, (tuple(b.shape), b.stride()))
 
 
 def device_sm_count(device: torch.device) -> int:
@@ -667,21 +710,28 @@ def resolve_num_sms(device: torch.device, num_sms: int | None) -> int:
     return int(num_sms)
 
 
+def out_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a GEMM of ``dtype`` operands writes: `FP8_OUT` for `FP8`, else ``dtype`` itself."""
+    return FP8_OUT if dtype == FP8 else dtype
+
+
 def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tuple[int, int, int]:
-    """Validate ``a [M, K] @ b [K, N] -> out [M, N]``; returns (M, N, K)."""
+    """Validate ``a [M, K] @ b [K, N] -> out [M, N]`` (a and b of one dtype, out of its `out_dtype`); returns
+    (M, N, K)."""
     named = [("a", a), ("b", b)] + ([("out", out)] if out is not None else [])
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise InputError(name, "must be a torch.Tensor", type(t).__name__)
         if t.dim() != 2:
             raise InputError(name, "must be 2-D", tuple(t.shape))
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise InputError(name, "dtype must be bfloat16, float16 or float32", str(t.dtype))
+        if t.dtype not in (*SUPPORTED_DTYPES, FP8) or (name == "out" and t.dtype == FP8):
+            raise InputError(name, "dtype must be bfloat16, float16, float32 or (a, b) float8_e4m3fn", str(t.dtype))
     if a.shape[1] != b.shape[0]:
         raise InputError("b", f"rows must equal a's columns K={a.shape[1]}", tuple(b.shape))
     for name, t in named[1:]:
-        if t.dtype != a.dtype:
-            raise InputError(name, f"dtype must equal a's dtype {a.dtype}", str(t.dtype))
+        want = a.dtype if name == "b" else out_dtype(a.dtype)
+        if t.dtype != want:
+            raise InputError(name, f"dtype must be {want} for {a.dtype} operands", str(t.dtype))
         if t.device != a.device:
             raise InputError(name, f"must be on a's device {a.device}", str(t.device))
     m, k = a.shape
@@ -692,6 +742,27 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -
         if out.numel() > 1 and any(s == 0 and d > 1 for s, d in zip(out.stride(), out.shape, strict=True)):
             raise InputError("out", "must not have zero strides (expanded views alias their elements)", out.stride())
     return m, n, k
+
+
+def check_scales(
+    a: torch.Tensor, scale_a: torch.Tensor | None, scale_b: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The kernels' ``scales`` argument: (scale_a, scale_b) for `FP8` operands, each a one-element fp32
+    tensor on a's device (read on the device, so a scale that TE updates in place needs no host sync and no
+    recompile); None for other dtypes, which take no scales."""
+    named = (("scale_a", scale_a), ("scale_b", scale_b))
+    if a.dtype != FP8:
+        for name, scale in named:
+            if scale is not None:
+                raise InputError(name, "is only for float8_e4m3fn operands", str(a.dtype))
+        return None
+    for name, scale in named:
+        if not isinstance(scale, torch.Tensor) or scale.numel() != 1 or scale.dtype != torch.float32:
+            got = f"{scale.dtype} x {scale.numel()}" if isinstance(scale, torch.Tensor) else type(scale).__name__
+            raise InputError(name, "must be a one-element float32 tensor for float8_e4m3fn operands", got)
+        if scale.device != a.device:
+            raise InputError(name, f"must be on a's device {a.device}", str(scale.device))
+    return scale_a, scale_b
 
 
 def check_int32_offsets(name: str, t: torch.Tensor, cfg: GemmTileConfig) -> None:

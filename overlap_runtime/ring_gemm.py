@@ -57,10 +57,11 @@ which a fresh H200 host spent inside the timed repeats of h8192 s8192 qkv_fprop)
 
 
 @triton.jit
-def _ring_tile(tile, chunk_tiles, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def _ring_tile(tile, grid, GROUP_M: tl.constexpr):
     """(step, pid_m, pid_n) of ``tile``, numbered over all chunks in ring order: its ring step and its
-    position in that step's chunk."""
-    pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
+    position in that step's chunk (``grid`` = a chunk's rows, columns of tiles)."""
+    chunk_tiles = grid[0] * grid[1]
+    pid_m, pid_n = gemm.tile_position(tile % chunk_tiles, grid, GROUP_M)
     return tile // chunk_tiles, pid_m, pid_n
 
 
@@ -80,71 +81,41 @@ def _gather_matmul_kernel(
     ring,
     b,
     c,
+    scales,
     ready_ptr,
-    partials,
-    locks,
-    R,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
+    scratch,
+    dims,
+    stride_a,
+    stride_b,
+    stride_c,
     rank,
     epoch,
-    tail_tiles,
-    splits,
+    tail,
+    C: tl.constexpr,
     CHUNKS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
-    SPLIT_TAIL: tl.constexpr,
 ):
-    pid = tl.program_id(axis=0)
-    num_pid_m = (R + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    chunk_tiles = num_pid_m * num_pid_n
-    whole_tiles = CHUNKS * chunk_tiles - tail_tiles
-    steps = (K + BLOCK_K - 1) // BLOCK_K
+    pid, grid, whole_tiles, steps = gemm.tile_grid(dims, tail, C, CHUNKS)
     arrived = 0  # the last ring step whose chunk this program saw arrive (step 0: the local shard)
     # Not flattened like `gemm.matmul`'s loop: the next tile's first loads would start under this tile's last
     # MMAs, ahead of the flag wait that must precede them when the next tile is a new chunk's.
-    for tile in tl.range(pid, whole_tiles, NUM_SMS):
-        acc, src, pid_m, pid_n, arrived = _gathered_tile(
-            a, ring, b, ready_ptr, tile, 0, steps, arrived, chunk_tiles, num_pid_m, num_pid_n, R, N, K, stride_am,
-            stride_ak, stride_bk, stride_bn, rank, epoch, CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FP32_IEEE,
-            UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
-        _store_gathered(
-            c, acc, src, pid_m * BLOCK_M, pid_n * BLOCK_N, R, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, EVEN_M,
-            EVEN_N, TMA,
-        )  # fmt: skip
+    whole = (0, steps)  # the K steps of a whole tile
+    for tile in tl.range(pid, whole_tiles, C.NUM_SMS):
+        acc, src, off, arrived = _gathered_tile(
+            a, ring, b, scales, ready_ptr, tile, whole, arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
+        )
+        _store_gathered(c, acc, src, off, dims, stride_c, C)
     # the last chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
     # `if` of its own, so that kernels without a split tail do not even compile it
-    if SPLIT_TAIL:  # noqa: SIM102
-        if pid < tail_tiles * splits:
-            t, k_lo, k_hi = gemm.tail_part(pid, tail_tiles, splits, K, BLOCK_K)
-            acc, src, pid_m, pid_n, arrived = _gathered_tile(
-                a, ring, b, ready_ptr, whole_tiles + t, k_lo, k_hi, arrived, chunk_tiles, num_pid_m, num_pid_n, R, N,
-                K, stride_am, stride_ak, stride_bk, stride_bn, rank, epoch, CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K,
-                GROUP_M, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-            )  # fmt: skip
-            last, total = gemm.add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
+    if C.SPLIT_TAIL:  # noqa: SIM102
+        if pid < tail[0] * tail[1]:
+            t, ks = gemm.tail_part(pid, tail, dims[2], C.BLOCK_K)
+            tile = whole_tiles + t
+            acc, src, off, arrived = _gathered_tile(
+                a, ring, b, scales, ready_ptr, tile, ks, arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
+            )
+            last, total = gemm.add_parts(scratch, tail, acc, pid, t, C)
             if last:
-                _store_gathered(
-                    c, total, src, pid_m * BLOCK_M, pid_n * BLOCK_N, R, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N,
-                    EVEN_M, EVEN_N, TMA,
-                )  # fmt: skip
+                _store_gathered(c, total, src, off, dims, stride_c, C)
 
 
 @triton.jit
@@ -152,75 +123,44 @@ def _gathered_tile(
     a,
     ring,
     b,
+    scales,
     ready_ptr,
     tile,
-    k_lo,
-    k_hi,
+    ks,
     arrived,
-    chunk_tiles,
-    num_pid_m,
-    num_pid_n,
-    R,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
+    grid,
+    dims,
+    stride_a,
+    stride_b,
     rank,
     epoch,
+    C: tl.constexpr,
     CHUNKS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
 ):
-    """K steps [k_lo, k_hi) of ``tile`` (numbered over all chunks in ring order: the local shard's tiles
+    """K steps ``ks`` = [k_lo, k_hi) of ``tile`` (numbered over all chunks in ring order: the local shard's tiles
     first, read from ``a``, then chunk src = rank - step's, read from ``ring`` once it arrived).  Returns
-    (acc, src, pid_m, pid_n, arrived): ``arrived`` is the last ring step this program has waited for."""
-    step, pid_m, pid_n = _ring_tile(tile, chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
+    (acc, src, off, arrived): ``off`` = the tile's (row, column) offsets in its chunk, ``arrived`` the last
+    ring step this program has waited for."""
+    step, pid_m, pid_n = _ring_tile(tile, grid, C.GROUP_M)
     src = (rank + CHUNKS - step) % CHUNKS
     if step > arrived:  # tiles only move forward, so one wait per chunk and program
         wait_at_least(ready_ptr + src, epoch)
         arrived = step
     rows = a
-    row0 = pid_m * BLOCK_M
+    row0 = pid_m * C.BLOCK_M
     if step > 0:
-        rows, row0 = _chunk_rows(ring, src, row0, R, stride_am, TMA)
+        rows, row0 = _chunk_rows(ring, src, row0, dims[0], stride_a[0], C.TMA)
     # One K loop for every chunk: two would each hold their own pipeline stages in shared memory.
-    acc = gemm.partial_product(
-        rows, b, row0, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-        BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-    )  # fmt: skip
-    return acc, src, pid_m, pid_n, arrived
+    acc = gemm.partial_product(rows, b, (row0, pid_n * C.BLOCK_N), ks, dims, stride_a, stride_b, scales, C)
+    return acc, src, (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N), arrived
 
 
 @triton.jit
-def _store_gathered(
-    c,
-    acc,
-    src,
-    off_m,
-    off_n,
-    R,
-    N,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """Store a tile of chunk ``src`` into its rows of ``out``."""
-    rows, row0 = _chunk_rows(c, src, off_m, R, stride_cm, TMA)
-    gemm.store_tile(rows, row0, off_n, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N, TMA)
+def _store_gathered(c, acc, src, off, dims, stride_c, C: tl.constexpr):
+    """Store a tile of chunk ``src`` (``off`` = its offsets in the chunk) into its rows of ``out``."""
+    R, N, _ = dims
+    rows, row0 = _chunk_rows(c, src, off[0], R, stride_c[0], C.TMA)
+    gemm.store_tile(rows, (row0, off[1]), (R, N), stride_c, acc, C, C.TMA)
 
 
 @triton.jit(do_not_specialize=EVERY_CALL)
@@ -228,188 +168,114 @@ def _scatter_matmul_kernel(
     a,
     b,
     c,
-    parts_ptr,
-    counts_ptr,
-    recv_ptr,
-    ready_ptr,
-    partials,
-    locks,
-    R,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
+    scales,
+    exchange,
+    scratch,
+    dims,
+    stride_a,
+    stride_b,
+    stride_c,
     rank,
     epoch,
-    lanes,
-    col_tiles,
-    tail_tiles,
-    splits,
+    segments,
+    tail,
+    C: tl.constexpr,
     CHUNKS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
-    SPLIT_TAIL: tl.constexpr,
 ):
-    pid = tl.program_id(axis=0)
-    num_pid_m = (R + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    chunk_tiles = num_pid_m * num_pid_n
-    whole_tiles = CHUNKS * chunk_tiles - tail_tiles
-    steps = (K + BLOCK_K - 1) // BLOCK_K
+    pid, grid, whole_tiles, steps = gemm.tile_grid(dims, tail, C, CHUNKS)
     arrived = -1  # the last segment of our chunk whose received partials this program saw arrive
     # Not flattened like `gemm.matmul`'s loop, though its loads read only our own inputs: Triton 3.6 cannot
     # flatten a loop whose body branches at run time, and a branch-free version (a loop per epilogue, the
     # wait in PTX) compiled but ran 2.7-4.5x slower on an H200 (`bench/ring_bench.py`, 2026-11-30).
-    for tile in tl.range(pid, whole_tiles, NUM_SMS):
-        step, pid_m, pid_n = _ring_tile(tile, chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
-        acc = _owner_tile(
-            a, b, step, pid_m, pid_n, 0, steps, R, N, K, stride_am, stride_ak, stride_bk, stride_bn, rank, CHUNKS,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-        )  # fmt: skip
+    for tile in tl.range(pid, whole_tiles, C.NUM_SMS):
+        step, pid_m, pid_n = _ring_tile(tile, grid, C.GROUP_M)
+        acc = _owner_tile(a, b, scales, step, pid_m, pid_n, (0, steps), dims, stride_a, stride_b, rank, C, CHUNKS)
         arrived = _finish_scattered(
-            c, parts_ptr, counts_ptr, recv_ptr, ready_ptr, acc, step, pid_m, pid_n, arrived, R, N, stride_cm,
-            stride_cn, rank, epoch, lanes, col_tiles, CHUNKS, BLOCK_M, BLOCK_N, GROUP_M, EVEN_M, EVEN_N, TMA,
-        )  # fmt: skip
+            c, exchange, acc, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments, C, CHUNKS
+        )
     # our own chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
     # `if` of its own, so that kernels without a split tail do not even compile it
-    if SPLIT_TAIL:  # noqa: SIM102
-        if pid < tail_tiles * splits:
-            t, k_lo, k_hi = gemm.tail_part(pid, tail_tiles, splits, K, BLOCK_K)
-            step, pid_m, pid_n = _ring_tile(whole_tiles + t, chunk_tiles, num_pid_m, num_pid_n, GROUP_M)
-            acc = _owner_tile(
-                a, b, step, pid_m, pid_n, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn, rank,
-                CHUNKS, BLOCK_M, BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-            )  # fmt: skip
-            last, total = gemm.add_parts(partials, locks, acc, pid, t, tail_tiles, splits, BLOCK_M, BLOCK_N)
+    if C.SPLIT_TAIL:  # noqa: SIM102
+        if pid < tail[0] * tail[1]:
+            t, ks = gemm.tail_part(pid, tail, dims[2], C.BLOCK_K)
+            step, pid_m, pid_n = _ring_tile(whole_tiles + t, grid, C.GROUP_M)
+            acc = _owner_tile(a, b, scales, step, pid_m, pid_n, ks, dims, stride_a, stride_b, rank, C, CHUNKS)
+            last, total = gemm.add_parts(scratch, tail, acc, pid, t, C)
             if last:
                 _finish_scattered(
-                    c, parts_ptr, counts_ptr, recv_ptr, ready_ptr, total, step, pid_m, pid_n, arrived, R, N,
-                    stride_cm, stride_cn, rank, epoch, lanes, col_tiles, CHUNKS, BLOCK_M, BLOCK_N, GROUP_M,
-                    EVEN_M, EVEN_N, TMA,
-                )  # fmt: skip
+                    c, exchange, total, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments, C, CHUNKS
+                )
 
 
 @triton.jit
 def _owner_tile(
-    a,
-    b,
-    step,
-    pid_m,
-    pid_n,
-    k_lo,
-    k_hi,
-    R,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    rank,
-    CHUNKS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
+    a, b, scales, step, pid_m, pid_n, ks, dims, stride_a, stride_b, rank, C: tl.constexpr, CHUNKS: tl.constexpr
 ):
-    """K steps [k_lo, k_hi) of tile (pid_m, pid_n) of ring step ``step`` (the other owners' chunks first, ours
+    """K steps ``ks`` = [k_lo, k_hi) of tile (pid_m, pid_n) of ring step ``step`` (the other owners' chunks first, ours
     last), read from the rows of ``a`` its owner keeps."""
-    rows, row0 = _chunk_rows(a, (rank + 1 + step) % CHUNKS, pid_m * BLOCK_M, R, stride_am, TMA)
-    return gemm.partial_product(
-        rows, b, row0, pid_n * BLOCK_N, k_lo, k_hi, R, N, K, stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M,
-        BLOCK_N, BLOCK_K, FP32_IEEE, UPCAST, EVEN_M, EVEN_N, EVEN_K, TMA,
-    )  # fmt: skip
+    rows, row0 = _chunk_rows(a, (rank + 1 + step) % CHUNKS, pid_m * C.BLOCK_M, dims[0], stride_a[0], C.TMA)
+    return gemm.partial_product(rows, b, (row0, pid_n * C.BLOCK_N), ks, dims, stride_a, stride_b, scales, C)
 
 
 @triton.jit
 def _finish_scattered(
     c,
-    parts_ptr,
-    counts_ptr,
-    recv_ptr,
-    ready_ptr,
+    exchange,
     acc,
     step,
     pid_m,
     pid_n,
     arrived,
-    R,
-    N,
-    stride_cm,
-    stride_cn,
+    dims,
+    stride_c,
     rank,
     epoch,
-    lanes,
-    col_tiles,
+    segments,
+    C: tl.constexpr,
     CHUNKS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     """Hand a finished tile ``acc`` of ring step ``step`` on: another owner's partial is staged and counted
     for the copy engine; a tile of our own chunk gets the partials received for its segment added and is
     stored.  Returns the last segment whose flags this program has seen (``arrived``, updated).
 
-    Segments (`Segment`) are GROUP_M tile rows by ``col_tiles`` tile columns, numbered in the grouped tile
-    order (row group by row group, columns left to right within one), so a program meets them in rising
-    order; partials keep each one contiguous, row-major at its own width (whole tiles: EVEN_* still hold).
+    ``exchange`` = (parts, counts, recv, ready) as `scatter_matmul` takes them, ``segments`` = (lanes,
+    col_tiles).  Segments (`Segment`) are GROUP_M tile rows by ``col_tiles`` tile columns, numbered in the
+    grouped tile order (row group by row group, columns left to right within one), so a program meets them
+    in rising order; partials keep each one contiguous, row-major at its own width (whole tiles: EVEN_*
+    still hold).
     """
-    num_pid_m = (R + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    parts_ptr, counts_ptr, recv_ptr, ready_ptr = exchange
+    lanes, col_tiles = segments
+    R, N, _ = dims
+    num_pid_m = (R + C.BLOCK_M - 1) // C.BLOCK_M
+    num_pid_n = (N + C.BLOCK_N - 1) // C.BLOCK_N
     col_groups = (num_pid_n + col_tiles - 1) // col_tiles
-    segments = (num_pid_m + GROUP_M - 1) // GROUP_M * col_groups
-    seg = pid_m // GROUP_M * col_groups + pid_n // col_tiles
-    row0 = pid_m // GROUP_M * (GROUP_M * BLOCK_M)
-    col0 = pid_n // col_tiles * (col_tiles * BLOCK_N)
-    seg_rows = tl.minimum(GROUP_M * BLOCK_M, R - row0)
-    seg_cols = tl.minimum(col_tiles * BLOCK_N, N - col0)
+    seg_count = (num_pid_m + C.GROUP_M - 1) // C.GROUP_M * col_groups
+    seg = pid_m // C.GROUP_M * col_groups + pid_n // col_tiles
+    row0 = pid_m // C.GROUP_M * (C.GROUP_M * C.BLOCK_M)
+    col0 = pid_n // col_tiles * (col_tiles * C.BLOCK_N)
+    seg_rows = tl.minimum(C.GROUP_M * C.BLOCK_M, R - row0)
+    seg_cols = tl.minimum(col_tiles * C.BLOCK_N, N - col0)
     seg_base = row0 * N + seg_rows * col0
-    off_m = pid_m * BLOCK_M - row0  # within the segment
-    off_n = pid_n * BLOCK_N - col0
+    off = (pid_m * C.BLOCK_M - row0, pid_n * C.BLOCK_N - col0)  # within the segment
     if step < CHUNKS - 1:
         # A pointer store, not TMA's asynchronous one: the count below must release finished data.
-        gemm.store_tile(
-            parts_ptr + step * R * N + seg_base, off_m, off_n, seg_rows, seg_cols, seg_cols, 1, acc, BLOCK_M,
-            BLOCK_N, EVEN_M, EVEN_N, False,
-        )  # fmt: skip
+        staged = parts_ptr + step * R * N + seg_base
+        gemm.store_tile(staged, off, (seg_rows, seg_cols), (seg_cols, 1), acc, C, False)
         tl.debug_barrier()  # the whole tile is stored before the count releases it to the copy engine
-        tl.atomic_add(counts_ptr + step * segments + seg, 1, sem="release", scope="gpu")
+        tl.atomic_add(counts_ptr + step * seg_count + seg, 1, sem="release", scope="gpu")
     else:
         if seg > arrived:  # tiles only move forward, so one wait per segment and program
             for d in tl.static_range(1, CHUNKS):
                 wait_at_least(ready_ptr + ((rank + CHUNKS - d) % CHUNKS) * lanes + seg, epoch)
             arrived = seg
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
+        offs_m = off[0] + tl.arange(0, C.BLOCK_M)
+        offs_n = off[1] + tl.arange(0, C.BLOCK_N)
         for d in tl.static_range(1, CHUNKS):
             src = (rank + CHUNKS - d) % CHUNKS
             part_ptrs = recv_ptr + src * R * N + seg_base + offs_m[:, None] * seg_cols + offs_n[None, :]
-            acc += gemm.load_block(part_ptrs, offs_m < seg_rows, offs_n < seg_cols, EVEN_M, EVEN_N).to(tl.float32)
-        gemm.store_tile(
-            c, pid_m * BLOCK_M, pid_n * BLOCK_N, R, N, stride_cm, stride_cn, acc, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N,
-            TMA,
-        )  # fmt: skip
+            acc += gemm.load_block(part_ptrs, offs_m < seg_rows, offs_n < seg_cols, C.EVEN_M, C.EVEN_N).to(tl.float32)
+        gemm.store_tile(c, (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N), (R, N), stride_c, acc, C, C.TMA)
     return arrived
 
 
@@ -425,19 +291,36 @@ def gather_matmul(
     num_sms: int | None = None,
     config: gemm.GemmTileConfig | None = None,
     tma: bool = True,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out = all_gather(a) @ b`` in one launch: chunk ``rank`` from ``a``, chunk c from ``ring`` once
-    ``ready[c] >= epoch`` (see the module docstring for layouts; ``config`` and ``tma`` as in `gemm.matmul`)."""
+    ``ready[c] >= epoch`` (see the module docstring for layouts; ``config``, ``tma`` and FP8 operands with
+    ``scale_a`` (every chunk's) and ``scale_b`` as in `gemm.matmul`: the ring then moves FP8 rows)."""
     rows = a.shape[0]
     chunks = _chunks(ring, rows, "ring")
     gemm.check_operands(a, b, None)
     gemm.check_operands(ring, b, out)
+    scales = gemm.check_scales(a, scale_a, scale_b)
     if ring.stride() != a.stride():
         raise InputError("ring", f"strides must equal a's {a.stride()}", ring.stride())
     _expect_flags("ready", ready, chunks)
-    tiled = ((a, "a"), (ring, "a"), (b, "b"), (out, "c"))
-    _launch(_gather_matmul_kernel, tiled, (ready,), a=a, b=b, out=out, rank=rank, scalars=(epoch,), chunks=chunks,
-            num_sms=num_sms, config=config, tma=tma)  # fmt: skip
+    tiled = {"a": (a, "a"), "ring": (ring, "a"), "b": (b, "b"), "c": (out, "c")}
+    _launch(
+        _gather_matmul_kernel,
+        tiled,
+        a=a,
+        b=b,
+        out=out,
+        chunks=chunks,
+        num_sms=num_sms,
+        config=config,
+        tma=tma,
+        scales=scales,
+        ready_ptr=ready,
+        rank=rank,
+        epoch=epoch,
+    )
     return out
 
 
@@ -510,7 +393,7 @@ def scatter_plan(
     col_groups: int | None = None,
 ) -> ScatterPlan:
     """The tile config (``config``, else `gemm.choose_config`'s) and segments of `scatter_matmul` for chunks
-    of ``rows`` x ``n`` (depth ``k``): each row group of the tile order (``group_m`` tile rows) is cut into
+    of ``rows`` x ``n`` (depth ``k``, ``dtype`` operands, partials in its `gemm.out_dtype`): each row group of the tile order (``group_m`` tile rows) is cut into
     ``col_groups`` column groups (None: segments of about `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and at
     least `PUSH_FLOPS` of the launch's work each)."""
     sms = gemm.resolve_num_sms(device, num_sms)
@@ -519,7 +402,7 @@ def scatter_plan(
     span = cfg.block_m * cfg.group_m
     row_groups = triton.cdiv(rows, span)
     if col_groups is None:
-        by_bytes = rows * n * dtype.itemsize // row_groups // SEGMENT_BYTES
+        by_bytes = rows * n * gemm.out_dtype(dtype).itemsize // row_groups // SEGMENT_BYTES
         by_work = int(2 * chunks * rows * n * k / PUSH_FLOPS) // row_groups
         col_groups = max(1, min(tiles_n, by_bytes, by_work, MAX_SEGMENTS // row_groups))
     elif not (isinstance(col_groups, int) and 1 <= col_groups <= tiles_n):
@@ -550,11 +433,13 @@ def scatter_matmul(
     rank: int,
     plan: ScatterPlan,
     tma: bool = True,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
 ) -> None:
-    """``out = reduce_scatter(a @ b)[rank]`` in one launch (see the module docstring; ``tma`` as in
-    `gemm.matmul`).
+    """``out = reduce_scatter(a @ b)[rank]`` in one launch (see the module docstring; ``tma`` and FP8
+    operands with ``scale_a`` and ``scale_b`` as in `gemm.matmul`).
 
-    ``parts`` [P-1, R, N]: our partials for the other owners, in step order (owner rank+1+s), each laid out
+    The partials are in out's dtype (bf16 for FP8 operands, already scaled).  ``parts`` [P-1, R, N]: our partials for the other owners, in step order (owner rank+1+s), each laid out
     segment by segment (`Segment.offset`); each stored tile bumps ``counts[s * S + j]`` of its segment j
     (S segments; release, so the copy engine that waits for a segment's count reads finished data).
     ``recv`` [P, R, N]: slot src = the partial that src sent us, in the same layout, segment j in once
@@ -563,40 +448,50 @@ def scatter_matmul(
     rows, n = out.shape
     chunks = _chunks(a, rows, "a")
     gemm.check_operands(a[:rows], b, out)
+    scales = gemm.check_scales(a, scale_a, scale_b)
     segments = len(plan.segments)
     for name, t, shape in (("parts", parts, (chunks - 1, rows, n)), ("recv", recv, (chunks, rows, n))):
-        if tuple(t.shape) != shape or t.dtype != a.dtype or not t.is_contiguous():
-            raise InputError(name, f"must be a contiguous {a.dtype} tensor of shape {shape}", tuple(t.shape))
+        if tuple(t.shape) != shape or t.dtype != out.dtype or not t.is_contiguous():
+            raise InputError(name, f"must be a contiguous {out.dtype} tensor of shape {shape}", tuple(t.shape))
     _expect_flags("counts", counts, (chunks - 1) * segments)
     if ready.dtype != torch.int32 or not ready.is_contiguous() or ready.numel() < chunks * segments:
         raise InputError("ready", f"must hold at least {chunks * segments} contiguous int32 flags", tuple(ready.shape))
-    _launch(_scatter_matmul_kernel, ((a, "a"), (b, "b"), (out, "c")), (parts, counts, recv, ready), a=a[:rows],
-            b=b, out=out, rank=rank, scalars=(epoch, ready.numel() // chunks, plan.col_tiles), chunks=chunks,
-            num_sms=plan.num_sms, config=plan.config, tma=tma)  # fmt: skip
+    _launch(
+        _scatter_matmul_kernel,
+        {"a": (a, "a"), "b": (b, "b"), "c": (out, "c")},
+        a=a[:rows],
+        b=b,
+        out=out,
+        chunks=chunks,
+        num_sms=plan.num_sms,
+        config=plan.config,
+        tma=tma,
+        scales=scales,
+        exchange=(parts, counts, recv, ready),
+        rank=rank,
+        epoch=epoch,
+        segments=(ready.numel() // chunks, plan.col_tiles),
+    )
 
 
 def _launch(
     kernel: triton.JITFunction,
-    tiled: tuple[tuple[torch.Tensor, str], ...],
-    flags: tuple[torch.Tensor, ...],
+    tiled: dict[str, tuple[torch.Tensor, str]],
     *,
     a: torch.Tensor,
     b: torch.Tensor,
     out: torch.Tensor,
-    rank: int,
-    scalars: tuple[int, ...],
     chunks: int,
     num_sms: int | None,
     config: gemm.GemmTileConfig | None,
     tma: bool,
+    rank: int,
+    **args: object,
 ) -> None:
-    """Launch a ring kernel over ``chunks`` chunks of the problem ``a [R, K] @ b [K, N]``.
-
-    ``tiled`` are the kernel's leading operands, each with its role ("a", "b" or "c": which tile shape a
-    descriptor of it moves), ``flags`` its pointer-only tensors after them (then the split tail's
-    ``partials, locks``), ``scalars`` its arguments after ``rank`` (then ``tail_tiles, splits``; see
-    `gemm.launch` and `gemm.TailSplit`).  The tiles move by TMA when ``tma``, `gemm.tma_fits` allows and a
-    chunk is whole tiles (a tile must not reach into the next chunk).
+    """Launch a ring kernel over ``chunks`` chunks of the problem ``a [R, K] @ b [K, N]`` (`gemm.launch`:
+    ``tiled`` are the operands whose tiles it moves, ``rank`` and ``args`` its own arguments by name).  The
+    tiles move by TMA when ``tma``, `gemm.tma_fits` allows and a chunk is whole tiles (a tile must not reach
+    into the next chunk).
     """
     (rows, k), n = a.shape, b.shape[1]
     if not 0 <= rank < chunks:
@@ -604,11 +499,19 @@ def _launch(
     gemm.check_launchable(a)
     sms = gemm.resolve_num_sms(a.device, num_sms)
     cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=a.dtype, num_sms=sms)
-    tiles = chunks * triton.cdiv(rows, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    tail = gemm.TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
-    gemm.launch(kernel, tail.grid(tiles, sms), tiled, a=a, b=b, out=out, cfg=cfg, sms=sms,
-                tma=tma and rows % cfg.block_m == 0, pointers=(*flags, *tail.pointers()),
-                scalars=(rank, *scalars, *tail.scalars()), CHUNKS=chunks, SPLIT_TAIL=tail.splits > 0)  # fmt: skip
+    gemm.launch(
+        kernel,
+        tiled,
+        a=a,
+        b=b,
+        out=out,
+        cfg=cfg,
+        sms=sms,
+        tma=tma and rows % cfg.block_m == 0,
+        chunks=chunks,
+        rank=rank,
+        **args,
+    )
 
 
 def _chunks(t: torch.Tensor, rows: int, name: str) -> int:

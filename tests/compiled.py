@@ -23,10 +23,11 @@ def run_compiled(script: str) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
-def dry_run(bench: str, out: Path) -> dict[str, Any]:
-    """Run ``bench`` (a script path from the root) with ``--dry-run --out out``: the JSON it wrote."""
+def dry_run(bench: str, out: Path, *args: str) -> dict[str, Any]:
+    """Run ``bench`` (a script path from the root) with ``--dry-run --out out`` and ``args``: the JSON it wrote."""
     proc = subprocess.run(
-        [sys.executable, bench, "--dry-run", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, bench, "--dry-run", "--out", str(out), *args], cwd=ROOT, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())

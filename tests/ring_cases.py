@@ -11,7 +11,16 @@ from types import ModuleType
 
 import torch
 
-REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+FP8 = torch.float8_e4m3fn
+REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, FP8: 1e-2}
+"""Relative Frobenius error against a float64 reference of the same operand values (FP8: dequantized).  bf16
+outputs (bf16 and FP8 operands) are off by their rounding: at most 2^-8 relative per element on the GPU
+(round to nearest), 2^-7 in Triton's interpreter (it truncates); 1e-2 leaves room for the fp32 sums, and on
+Hopper for the FP8 MMA's fast accumulation.  fp32 outputs: the sums' order only."""
+
+FP8_SCALES = (0.37, 1.9)
+"""Per-tensor dequantization scales of FP8 a and b: neither is a power of two, so a scale that is dropped or
+applied twice shows."""
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -20,6 +29,31 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _rand(*shape: int, dtype: torch.dtype, seed: int, device: str) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
+
+
+def weight(k: int, n: int, *, dtype: torch.dtype, seed: int, device: str) -> torch.Tensor:
+    """b [k, n]: FP8 column-major (``w.t()`` of a row-major [n, k] weight, as TE and ``torch._scaled_mm`` hold
+    it), other dtypes row-major."""
+    if dtype == FP8:
+        return _rand(n, k, dtype=dtype, seed=seed, device=device).t()
+    return _rand(k, n, dtype=dtype, seed=seed, device=device)
+
+
+def scales(dtype: torch.dtype, device: str) -> dict[str, torch.Tensor]:
+    """The ``scale_a``, ``scale_b`` keyword arguments that ``dtype`` operands take (FP8 only)."""
+    if dtype != FP8:
+        return {}
+    return {name: torch.tensor([v], device=device) for name, v in zip(("scale_a", "scale_b"), FP8_SCALES, strict=True)}
+
+
+def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The float64 reference of ``a @ b``, FP8 operands dequantized with `FP8_SCALES`."""
+    sa, sb = FP8_SCALES if a.dtype == FP8 else (1.0, 1.0)
+    return (a.double() * sa) @ (b.double() * sb)
+
+
+def out_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.bfloat16 if dtype == FP8 else dtype
 
 
 def run_gather(
@@ -37,19 +71,29 @@ def run_gather(
     """`gather_matmul` of chunks of ``shape`` = (rows, n, k) with every peer chunk arrived: (out, reference)."""
     rows, n, k = shape
     full = _rand(chunks * rows, k, dtype=dtype, seed=chunks + rank, device=device)
-    b = _rand(k, n, dtype=dtype, seed=7, device=device)
+    b = weight(k, n, dtype=dtype, seed=7, device=device)
     local = full[rank * rows : (rank + 1) * rows].clone()
     ring = full.clone()
     ring[rank * rows : (rank + 1) * rows] = float("nan")  # our own chunk must come from `local`
     epoch = 5
     ready = torch.full((chunks,), epoch, dtype=torch.int32, device=device)
     ready[rank] = 0  # never awaited: the local shard needs no flag
-    out = torch.full((chunks * rows, n), float("nan"), dtype=dtype, device=device)
+    out = torch.full((chunks * rows, n), float("nan"), dtype=out_dtype(dtype), device=device)
     ring_gemm.gather_matmul(
-        local, ring, b, out, ready=ready, epoch=epoch, rank=rank, num_sms=num_sms, config=config, tma=tma
+        local,
+        ring,
+        b,
+        out,
+        ready=ready,
+        epoch=epoch,
+        rank=rank,
+        num_sms=num_sms,
+        config=config,
+        tma=tma,
+        **scales(dtype, device),
     )
     assert ready.tolist() == [0 if c == rank else epoch for c in range(chunks)]  # flags are only read
-    return out, full.double() @ b.double()
+    return out, product(full, b)
 
 
 def run_scatter(
@@ -70,24 +114,36 @@ def run_scatter(
     on the way."""
     rows, n, k = shape
     a = _rand(chunks * rows, k, dtype=dtype, seed=10 + rank, device=device)
-    b = _rand(k, n, dtype=dtype, seed=11, device=device)
+    b = weight(k, n, dtype=dtype, seed=11, device=device)
+    partial_dtype = out_dtype(dtype)
     epoch = 3
     plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=a.device, num_sms=num_sms,
                                   config=config, col_groups=col_groups)  # fmt: skip
     segments = len(plan.segments)
     lanes = segments + 1
-    recv = torch.full((chunks, rows, n), float("nan"), dtype=dtype, device=device)
+    recv = torch.full((chunks, rows, n), float("nan"), dtype=partial_dtype, device=device)
     for src in range(chunks):
         if src != rank:  # what the peers' copy engines pushed to us this call
-            recv[src] = _rand(rows, n, dtype=dtype, seed=20 + src, device=device)
+            recv[src] = _rand(rows, n, dtype=partial_dtype, seed=20 + src, device=device)
     ready = torch.full((chunks * lanes,), epoch, dtype=torch.int32, device=device)  # every segment is in
-    parts = torch.full((chunks - 1, rows, n), float("nan"), dtype=dtype, device=device)
+    parts = torch.full((chunks - 1, rows, n), float("nan"), dtype=partial_dtype, device=device)
     counts = torch.full(((chunks - 1) * segments,), 5, dtype=torch.int32, device=device)  # totals of earlier calls
-    out = torch.full((rows, n), float("nan"), dtype=dtype, device=device)
+    out = torch.full((rows, n), float("nan"), dtype=partial_dtype, device=device)
     ring_gemm.scatter_matmul(
-        a, b, out, parts=parts, counts=counts, recv=recv, ready=ready, epoch=epoch, rank=rank, plan=plan, tma=tma
+        a,
+        b,
+        out,
+        parts=parts,
+        counts=counts,
+        recv=recv,
+        ready=ready,
+        epoch=epoch,
+        rank=rank,
+        plan=plan,
+        tma=tma,
+        **scales(dtype, device),
     )
-    partial = (a.double() @ b.double()).view(chunks, rows, n)
+    partial = product(a, b).view(chunks, rows, n)
     for step in range(chunks - 1):
         staged = row_major(plan, parts[step])
         assert rel_err(staged, partial[(rank + 1 + step) % chunks]) <= REL_TOL[dtype], step

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from compiled import dry_run, run_compiled
+from ring_cases import FP8, REL_TOL, product, scales, weight
 from triton_interpreter import interpreted
 
 from overlap_runtime.errors import ConfigError, InputError
@@ -19,7 +20,6 @@ gemm = interpreted("overlap_runtime.gemm")
 GemmTileConfig = gemm.GemmTileConfig
 
 ODD_SHAPES = [(67, 45, 33), (130, 257, 65), (1, 300, 17)]
-REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -183,6 +183,65 @@ def test_empty_dims_return_without_launch_and_k0_gives_zeros() -> None:
     assert (out == 0).all()
 
 
+def _fp8(m: int, n: int, k: int, seed: int, *, column_major: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    a = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(FP8)
+    b = weight(k, n, dtype=FP8, seed=seed + 1, device="cpu") if column_major else torch.randn(k, n).to(FP8)
+    return a, b
+
+
+@pytest.mark.parametrize("layout", ["column-major-b", "row-major-b"])
+@pytest.mark.parametrize("num_sms", [1, 3, None])
+@pytest.mark.parametrize("shape", [*ODD_SHAPES, (64, 96, 128)], ids=lambda s: "x".join(map(str, s)))
+def test_fp8_matches_the_dequantized_reference_and_writes_bf16(
+    shape: tuple[int, int, int], num_sms: int | None, layout: str
+) -> None:
+    """Triton's interpreter (3.6 and 3.9) runs FP8 (float8e4nv) loads and dots: the FP8 kernel runs here in
+    full, TMA included (64x96x128: 16-byte rows; the odd shapes take pointer loads)."""
+    a, b = _fp8(*shape, seed=11, column_major=layout == "column-major-b")
+    out = gemm.matmul(a, b, num_sms=num_sms, **scales(FP8, "cpu"))
+    assert out.shape == (shape[0], shape[1]) and out.dtype == torch.bfloat16
+    assert _rel_err(out, product(a, b)) <= REL_TOL[FP8]
+
+
+def test_fp8_tma_reads_a_column_major_b_through_its_transpose() -> None:
+    cfg = GemmTileConfig(block_m=32, block_n=64, block_k=32, num_warps=4, num_stages=2, group_m=2)
+    a, b = _fp8(64, 96, 128, seed=12)
+    out = torch.full((64, 96), float("nan"), dtype=torch.bfloat16)
+    views = gemm.tma_views(cfg, {"a": (a, "a"), "b": (b, "b"), "c": (out, "c")}, b_kmajor=gemm._b_kmajor(b))
+    assert views["b"][0].is_contiguous() and views["b"][1] == [64, 32]  # b.T, [block_n, block_k] tiles
+    assert gemm.tma_fits(cfg, *(view for view, _ in views.values()))
+    assert not gemm._b_kmajor(b.contiguous()) and not gemm._b_kmajor(b.bfloat16())  # bf16 keeps its loads
+    for tma in (True, False):
+        out.fill_(float("nan"))
+        gemm.matmul(a, b, out, num_sms=3, config=cfg, tma=tma, **scales(FP8, "cpu"))
+        assert _rel_err(out, product(a, b)) <= REL_TOL[FP8], tma
+
+
+def test_fp8_split_tail_scales_each_k_part_before_adding_them() -> None:
+    cfg = GemmTileConfig(block_m=16, block_n=16, block_k=32, num_warps=1, num_stages=1, group_m=2, split_tail=True)
+    a, b = _fp8(48, 48, 512, seed=13)
+    assert gemm.tail_splits(9, 8, 16) == 2  # 9 tiles on 8 programs: the ninth in two K parts
+    out = gemm.matmul(a, b, num_sms=8, config=cfg, **scales(FP8, "cpu"))
+    assert _rel_err(out, product(a, b)) <= REL_TOL[FP8]
+    assert torch.equal(gemm.matmul(a, b, num_sms=8, config=cfg, **scales(FP8, "cpu")), out)
+
+
+def test_fp8_tiles_step_128_deep_in_the_same_shared_memory_as_bf16() -> None:
+    cfg = gemm.choose_config(8192, 8192, 8192, FP8, 132)
+    assert cfg == dataclasses.replace(gemm.LARGE, block_k=128)
+    bf16 = gemm.choose_config(8192, 8192, 8192, torch.bfloat16, 132)
+    assert cfg.block_k * FP8.itemsize == bf16.block_k * torch.bfloat16.itemsize  # 128 bytes of each row a stage
+
+
+def test_cublas_fp8_matmul_is_scaled_mm_on_cpu_too() -> None:
+    a, b = _fp8(64, 48, 32, seed=14)
+    buf = torch.full((64, 200), float("nan"), dtype=torch.bfloat16)
+    out = buf[:, 100:148]
+    assert gemm.cublas_matmul(a, b, out, **scales(FP8, "cpu")) is out
+    assert _rel_err(out, product(a, b)) <= REL_TOL[FP8]
+    assert buf[:, :100].isnan().all() and buf[:, 148:].isnan().all()
+
+
 def test_cpu_tensors_without_the_interpreter_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gemm, "INTERPRETED", False)
     with pytest.raises(InputError, match="TRITON_INTERPRET") as err:
@@ -214,6 +273,26 @@ def _bad_calls() -> list[tuple[str, object]]:
         ("num_sms", lambda: gemm.cublas_matmul(f32, b, num_sms=4)),
         ("b", lambda: gemm.cublas_matmul(f32, torch.ones(4, 5))),
         ("out", lambda: gemm.cublas_matmul(f32, b, torch.empty(5, 4))),
+        *_bad_fp8_calls(),
+    ]
+
+
+def _bad_fp8_calls() -> list[tuple[str, object]]:
+    a, b = torch.ones(4, 16).to(FP8), torch.ones(16, 16).to(FP8).t()
+    one = torch.ones(1)
+    ok = {"scale_a": one, "scale_b": one}
+    return [
+        ("scale_a", lambda: gemm.matmul(a, b)),  # FP8 needs its scales
+        ("scale_b", lambda: gemm.matmul(a, b, scale_a=one)),
+        ("scale_a", lambda: gemm.matmul(a, b, scale_a=torch.ones(2), scale_b=one)),  # per-tensor: one element
+        ("scale_b", lambda: gemm.matmul(a, b, scale_a=one, scale_b=one.double())),
+        ("scale_b", lambda: gemm.matmul(a, b, scale_a=one, scale_b=torch.ones(1, device="meta"))),
+        ("scale_a", lambda: gemm.matmul(torch.ones(4, 3), torch.ones(3, 5), scale_a=one)),  # bf16/fp32: no scales
+        ("out", lambda: gemm.matmul(a, b, torch.empty(4, 16), **ok)),  # FP8 writes bf16
+        ("out", lambda: gemm.matmul(a, b, torch.empty(4, 16).to(FP8), **ok)),
+        ("b", lambda: gemm.matmul(a, b.bfloat16(), **ok)),
+        ("b", lambda: gemm.cublas_matmul(a, b.contiguous(), **ok)),  # torch._scaled_mm: b column-major
+        ("a", lambda: gemm.cublas_matmul(a[:, :8], b[:8], **ok)),  # K a multiple of 16
     ]
 
 
@@ -324,6 +403,36 @@ lib = torch.backends.cuda.preferred_blas_library()
 a, b = torch.randn(512, 512, device=dev).bfloat16(), torch.randn(512, 512, device=dev).bfloat16()
 assert rel(gemm.cublas_matmul(a, b, num_sms=sms - 32), a, b) <= 1e-2
 assert torch._C._get_sm_carveout_experimental() is None and torch.backends.cuda.preferred_blas_library() == lib
+
+# FP8: against the dequantized float64 product of the same values, both layouts of b, and beside _scaled_mm
+f8, (ca, cb) = torch.float8_e4m3fn, (0.37, 1.9)
+sa, sb = torch.tensor([ca], device=dev), torch.tensor([cb], device=dev)
+
+
+def rel8(out, a, b):
+    ref = (a.double() * ca) @ (b.double() * cb)
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+for m, n, k in [(67, 45, 33), (130, 257, 65), (1000, 1008, 1024), (256, 512, 128), (2048, 2560, 5120)]:
+    a = torch.randn(m, k, device=dev).to(f8)
+    for b in (torch.randn(n, k, device=dev).to(f8).t(), torch.randn(k, n, device=dev).to(f8)):
+        for num_sms in (7, None):
+            out = gemm.matmul(a, b, num_sms=num_sms, scale_a=sa, scale_b=sb)
+            torch.cuda.synchronize()
+            assert out.dtype == torch.bfloat16 and rel8(out, a, b) <= 1e-2, (m, n, k, b.stride(), num_sms)
+    if k % 16 == 0 and n % 16 == 0:
+        b = torch.randn(n, k, device=dev).to(f8).t()
+        for num_sms in (None, sms - 32):
+            assert rel8(gemm.cublas_matmul(a, b, num_sms=num_sms, scale_a=sa, scale_b=sb), a, b) <= 1e-2, (m, n, k)
+assert torch._C._get_sm_carveout_experimental() is None and torch.backends.cuda.preferred_blas_library() == lib
+for base in (gemm.LARGE, gemm.MEDIUM, gemm.SMALL):
+    for cfg in (gemm.for_dtype(base, f8), dataclasses.replace(gemm.for_dtype(base, f8), split_tail=True)):
+        for m, n, k in [(1031, 777, 528), (1024, 768, 512), (2048, 2560, 5120)]:
+            a, b = torch.randn(m, k, device=dev).to(f8), torch.randn(n, k, device=dev).to(f8).t()
+            first = gemm.matmul(a, b, config=cfg, scale_a=sa, scale_b=sb)
+            assert rel8(first, a, b) <= 1e-2, (cfg, m, n, k)
+            assert torch.equal(gemm.matmul(a, b, config=cfg, scale_a=sa, scale_b=sb), first), (cfg, m, n, k)
 print("cuda checks ok")
 """
 
@@ -339,6 +448,24 @@ def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: Path) -> None:
     dims = [(s["m"], s["n"], s["k"]) for s in data["shapes"]]
     assert dims[0] == (8192, 8192, 8192) and len(dims) == len(set(dims))
     assert (4096, 6144, 4096) in dims  # h4096 s4096 qkv_fprop at TP=2
+    assert data["method"]["dtype"] == "bf16" and "128x256x64_w8_s3_g8" in data["sweep_configs"]
+    fp8 = dry_run("bench/gemm_bench.py", tmp_path / "fp8.json", "--dtype", "fp8")
+    assert fp8["method"]["dtype"] == "fp8" and fp8["shapes"] == data["shapes"]
+    assert "128x256x128_w8_s3_g8" in fp8["sweep_configs"] and "128x256x64_w8_s4_g8" in fp8["sweep_configs"]
+    assert len(fp8["ring_cases"]) == 30
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
+def test_every_bench_variant_computes_the_product_on_a_small_cpu_problem(dtype: torch.dtype) -> None:
+    """The variants a GPU run of `bench/gemm_bench.py` times (the library GEMM, ours with every sweep config,
+    the fused ring kernels with flags preset), each once in Triton's interpreter."""
+    interpreted("overlap_runtime.ring_gemm")  # the fused variants' kernels too, whoever imported them first
+    from bench import gemm_bench  # imported here: it binds the interpreted kernel modules
+
+    errors = gemm_bench.check_variants(dtype, "cpu")
+    assert {"cublas", "ours", "all_gather/fused", "reduce_scatter/fused"} <= errors.keys()
+    assert ("cublas_split_accum" in errors) == (dtype == FP8)
+    assert all(err <= gemm_bench.REL_ERR_LIMIT for err in errors.values()), errors
 
 
 def test_interpreter_runs_the_kernel_even_when_triton_was_imported_first() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from compiled import dry_run, run_compiled
-from ring_cases import REL_TOL, rel_err, run_gather, run_scatter
+from ring_cases import FP8, REL_TOL, rel_err, run_gather, run_scatter
 from triton_interpreter import interpreted
 
 from overlap_runtime.errors import InputError
@@ -69,6 +69,35 @@ def test_ring_kernels_split_their_last_round_along_k(
     assert torch.equal(again, out)  # parts are added in split order, whoever arrives last
 
 
+FP8_K = 64  # 64-byte FP8 rows: TMA can address a and the column-major b (K = 40 would leave them to pointers)
+
+
+@PATHS
+@pytest.mark.parametrize(("chunks", "rank"), [(2, 1), (4, 2)])
+def test_gather_of_fp8_chunks_applies_both_scales_and_writes_bf16(chunks: int, rank: int, rows: int, tma: bool) -> None:
+    """Triton's interpreter (3.6 and 3.9) runs FP8 (float8e4nv) loads and dots: the FP8 path runs here in full."""
+    out, ref = run_gather(ring_gemm, chunks, rank, (rows, N, FP8_K), FP8, tma=tma, config=SMALL, num_sms=3)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref) <= REL_TOL[FP8]
+
+
+@PATHS
+@pytest.mark.parametrize(("chunks", "rank", "col_groups"), [(2, 0, 3), (4, 3, 1)])
+def test_scatter_of_fp8_operands_stages_scaled_bf16_partials(
+    chunks: int, rank: int, col_groups: int, rows: int, tma: bool
+) -> None:
+    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, N, FP8_K), FP8, tma=tma, config=SMALL, num_sms=3,
+                           col_groups=col_groups)  # fmt: skip
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref) <= REL_TOL[FP8]
+
+
+@pytest.mark.parametrize("kernel", [run_gather, run_scatter], ids=["gather", "scatter"])
+def test_fp8_ring_kernels_scale_each_k_part_of_a_split_tail(kernel: object) -> None:
+    out, ref = kernel(ring_gemm, 2, 1, (96, N, 512), FP8, tma=True, config=SPLIT, num_sms=7)
+    assert rel_err(out, ref) <= REL_TOL[FP8]
+
+
 @pytest.mark.parametrize(
     ("rows", "n", "k", "segments"),
     [(1024, 12288, 24576, 12), (2048, 4096, 7168, 8), (2048 + 100, 4096, 1024, 3), (64, 256, 64, 1)],
@@ -126,6 +155,29 @@ def test_bad_arguments_name_the_field() -> None:
             ),
         ),  # one tile column only
     ]
+    f8, w8, ring8, one = (
+        torch.ones(4, 16).to(FP8),
+        torch.ones(5, 16).to(FP8).t(),
+        torch.ones(8, 16).to(FP8),
+        torch.ones(1),
+    )
+
+    def gather8(out: torch.Tensor, **scales: torch.Tensor) -> None:
+        ring_gemm.gather_matmul(f8, ring8, w8, out, ready=ready, epoch=1, rank=0, **scales)
+
+    def scatter8(parts_dtype: torch.dtype) -> None:
+        bf16 = torch.bfloat16
+        ring_gemm.scatter_matmul(
+            ring8, w8, torch.empty(4, 5, dtype=bf16), parts=torch.empty(1, 4, 5, dtype=parts_dtype),
+            counts=torch.zeros(1, dtype=torch.int32), recv=torch.empty(2, 4, 5, dtype=bf16),
+            ready=torch.zeros(2, dtype=torch.int32), epoch=1, rank=0, plan=plan, scale_a=one, scale_b=one,
+        )  # fmt: skip
+
+    cases += [
+        ("scale_b", lambda: gather8(out.bfloat16(), scale_a=one)),  # FP8 needs both scales
+        ("out", lambda: gather8(out, scale_a=one, scale_b=one)),  # FP8 writes bf16
+        ("parts", lambda: scatter8(torch.float32)),  # the partials are out's bf16
+    ]
     for field, call in cases:
         with pytest.raises(InputError) as err:
             call()
@@ -136,7 +188,7 @@ _CUDA_CHECKS = """
 import dataclasses, sys
 import torch
 sys.path.insert(0, "tests")
-from ring_cases import rel_err, run_gather, run_scatter
+from ring_cases import FP8, REL_TOL, rel_err, run_gather, run_scatter
 from overlap_runtime import gemm, ring_gemm
 
 configs = [None]  # the heuristic's pick (a split tail on the h5120 shapes), then each tile shape both ways
@@ -155,6 +207,14 @@ for shape in [(1024, 6912, 5120), (1024, 768, 1024), (130, 296, 520)]:
                     again, _ = run(ring_gemm, 2, rank, shape, torch.bfloat16, tma=True, config=cfg,
                                    num_sms=num_sms, device="cuda")
                     assert torch.equal(again, out), case
+# FP8 operands (column-major b, bf16 partials and out); K = 520 leaves the ragged chunks' rows to pointer loads
+for shape in [(1024, 6912, 5120), (1024, 768, 1024), (130, 296, 520)]:
+    for cfg in [None] + [gemm.for_dtype(c, torch.float8_e4m3fn) for c in configs[1:]]:
+        for run in (run_gather, run_scatter):
+            for rank in (0, 1):
+                case = ("fp8", run.__name__, shape, cfg and cfg.label(), rank)
+                out, ref = run(ring_gemm, 2, rank, shape, FP8, tma=True, config=cfg, num_sms=None, device="cuda")
+                assert out.dtype == torch.bfloat16 and rel_err(out, ref) <= REL_TOL[FP8], case
 print("cuda ring checks ok")
 """
 
