@@ -23,6 +23,8 @@ MAX_NUM_SM = 64
 MAX_NUM_SPLITS = 16
 MAX_CGA_SIZE = 4
 MAX_STREAMS = 4
+DEFAULT_STREAMS = 2
+"""Compute streams a chunked method rotates over on CUDA when ``num_max_streams`` is unset."""
 C_INT = (-(1 << 31), (1 << 31) - 1)
 """What a C ``int`` holds: the bound of a stream priority before the device narrows it (`DeviceLimits`)."""
 

@@ -25,6 +25,7 @@ import torch
 from overlap_runtime import flag_kernels, ring_gemm
 from overlap_runtime.config import Method, OverlapConfig, sm_driven_comm
 from overlap_runtime.device import CommOptions, Device
+from overlap_runtime.knobs import DEFAULT_STREAMS
 from overlap_runtime.shape import Collective, SlotGemm
 from overlap_runtime.symmetric import ACK, READY, Counters, PeerBuffer
 
@@ -58,7 +59,7 @@ class Plan:
             method=config.method,
             gemm_kind=config.gemm or "cublas",
             gemm_sms=dev.sm_count - margin if margin else None,
-            streams=config.num_max_streams or (1 if not dev.is_cuda else 2),
+            streams=config.num_max_streams or (DEFAULT_STREAMS if dev.is_cuda else 1),
             comm=CommOptions(
                 num_sm=config.num_sm if sm_driven else None,
                 cga_size=config.cga_size,

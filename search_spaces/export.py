@@ -17,7 +17,8 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import RS_DGRAD_WGRAD, off_switch, slot_info
 from search_spaces.presets import Preset
-from search_spaces.te_dict import TE_MAX_SMS, te_config, te_streams
+from search_spaces.te_dict import te_config
+from search_spaces.te_exact import te_deviations
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,20 +91,6 @@ def _none_won(slot: Slot, method: Method, *, none_ms: float, overlap_ms: float) 
 
 
 def _runtime_caveat(config: OverlapConfig, tp: int) -> str:
-    """What TE may run differently from what was measured: TE has no knob for the GEMM or its streams, its
-    bulk overlap never uses the copy engine, and its userbuffers kernels stop at 32 SMs where our runtime's
-    NCCL kernels go on to 64."""
-    differs = []
-    if config.fused:
-        differs.append("our GEMM fused with the ring, one launch over all chunks (TE runs cuBLAS per chunk)")
-    elif config.gemm not in (None, "cublas"):
-        differs.append(f"our {config.gemm} GEMM (TE runs cuBLAS)")
-    streams = te_streams(config, tp)
-    if config.num_max_streams not in (None, streams):
-        differs.append(f"{config.num_max_streams} compute streams (TE uses {streams})")
-    if config.method == Method.BULK and config.use_ce:
-        differs.append("copy-engine bulk transfers (TE's bulk always runs SM kernels of num_sm CTAs)")
-    caveats = [f"measured with {' and '.join(differs)}"] if differs else []
-    if (config.num_sm or 0) > TE_MAX_SMS:
-        caveats.append(f"num_sm {config.num_sm} is above userbuffers' NVTE_MAX_SMS={TE_MAX_SMS}: check it on TE first")
-    return "; ".join(caveats)
+    """What TE runs differently from what was measured (`te_exact.te_deviations`)."""
+    differs = te_deviations(config, tp)
+    return f"measured with {' and '.join(str(d) for d in differs)}" if differs else ""

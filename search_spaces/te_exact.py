@@ -1,0 +1,76 @@
+"""The TE-exact subspace: configs that TransformerEngine runs exactly as our runtime measured them.
+
+A TE user takes home a TE entry (`te_dict.te_config`), and TE runs it its own way: its methods only (no
+"none": a TE slot cannot be switched off), cuBLAS for every GEMM chunk (not our Triton GEMM, not our fused
+ring), ``min(3, chunks)`` compute streams, bulk transfers as SM kernels (TE's bulk never uses the copy engine)
+and userbuffers' comm kernels of at most 32 CTAs.  A measured config whose knobs agree with all of that is
+TE-exact: its number is the number TE's entry earns on our runtime.  Every other config deviates in the
+knobs listed by `te_deviations`, which is what the export says about a winner and what the ``te`` backend
+names when it refuses a config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.knobs import DEFAULT_STREAMS, TE_METHODS
+from search_spaces.te_dict import TE_MAX_SMS, te_streams
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Deviation:
+    """One way a config differs from what TE runs for its TE entry."""
+
+    knob: str
+    measured: str
+    """What was measured, as a caveat names it ("our triton GEMM")."""
+    te_runs: str
+    """What TE runs instead ("TE runs cuBLAS")."""
+
+    def __str__(self) -> str:
+        return f"{self.measured} ({self.te_runs})"
+
+
+def te_deviations(config: OverlapConfig, tp: int) -> tuple[Deviation, ...]:
+    """How ``config`` differs from what TE runs for it at tensor-parallel size ``tp``; empty when TE-exact."""
+    found: list[Deviation] = []
+    if config.method not in TE_METHODS:
+        found.append(Deviation(knob="method", measured=f"method {config.method.value}", te_runs="not a TE method"))
+    if config.fused:
+        found.append(
+            Deviation(
+                knob="fused",
+                measured="our GEMM fused with the ring, one launch over all chunks",
+                te_runs="TE runs cuBLAS per chunk",
+            )
+        )
+    elif config.gemm not in (None, "cublas"):
+        found.append(Deviation(knob="gemm", measured=f"our {config.gemm} GEMM", te_runs="TE runs cuBLAS"))
+    streams = te_streams(config, tp)
+    ours = config.num_max_streams or DEFAULT_STREAMS
+    if streams is not None and not config.fused and ours != streams:
+        found.append(
+            Deviation(knob="num_max_streams", measured=f"{ours} compute streams", te_runs=f"TE uses {streams}")
+        )
+    if config.method == Method.BULK and config.use_ce:
+        found.append(
+            Deviation(
+                knob="use_ce",
+                measured="copy-engine bulk transfers",
+                te_runs="TE's bulk always runs SM kernels of num_sm CTAs",
+            )
+        )
+    if (config.num_sm or 0) > TE_MAX_SMS:
+        found.append(
+            Deviation(
+                knob="num_sm",
+                measured=f"num_sm {config.num_sm}",
+                te_runs=f"userbuffers' comm kernels run at most NVTE_MAX_SMS={TE_MAX_SMS} CTAs",
+            )
+        )
+    return tuple(found)
+
+
+def is_te_exact(config: OverlapConfig, tp: int) -> bool:
+    return not te_deviations(config, tp)
