@@ -15,8 +15,8 @@ heuristic was chosen looking at it:
   wide enough that different landscapes favour different families; a fixed roughness per config and noise
   per repeat on top.
 
-It stands in for recordings, it is not one: `agreement` says how well the model ranks the grid configs
-the benchmark measured on the same slot, and the search benchmark reports it beside every score.
+It stands in for recordings, it is not one: `ranks_like` says how well the model orders measured configs,
+and the search benchmark reports that for the six recorded landscapes, where every config was measured.
 """
 
 from __future__ import annotations
@@ -54,8 +54,6 @@ class Anchor:
     """(gemm_ms, comm_ms) of the problem each method runs (bulk and an RS dgrad differ)."""
     triton_ratio: float | None
     """Our GEMM's time over cuBLAS's on this slot (best non-fused config of each), None if not both ran."""
-    grid: Mapping[OverlapConfig, float]
-    """The grid's valid configs and their measured overlap_ms."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,7 +171,6 @@ def anchors(path: str | Path, *, dims: Mapping[str, Mapping[str, int]]) -> list[
                 slot=Slot(record["slot"]),
                 problems=problems,
                 triton_ratio=_triton_ratio(rows),
-                grid={OverlapConfig.from_dict(r["config"]): r["overlap_ms"] for r in rows},
             )
         )
     return found
@@ -231,7 +228,6 @@ def landscape_dict(anchor: Anchor, *, seed: int) -> dict[str, Any]:
         "limits": {"sm_count": H200.sm_count, "priority_range": list(H200.priority_range)},
         "repeats": REPEATS,
         "configs": rows,
-        "agreement": {"grid_configs": len(anchor.grid), **ranks_like(anchor, anchor.grid, seed=seed)},
     }
 
 
