@@ -11,8 +11,9 @@ it is read with; whole files shown verbatim (the tune transcript, the preset) ar
 spans and quoted files, and checks each against the value its claim points to in the committed file.
 
 Each section also says how old its results are against the code they describe (`age`): the commit a result
-records (``environment.commit`` and the like, `bench.environment`), or for an older file that records none
-the commit that last wrote it, and the first later commit that changed that code.
+records (``environment.commit`` and the like, `bench.environment`; a ``commit=HASH`` line in a transcript),
+or for an older file that records none the commit that last wrote it, and the first later commit that
+changed that code.  The tune transcript stands for its preset too: one run wrote both.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ TUNER = ("overlap_runtime/", "search_spaces/", "autotune/")
 SEARCH = ("autotune/", "search_spaces/", "bench/search_efficiency.py", "bench/cost_model.py", "bench/landscapes/")
 SERVICE = ("api/", "storage/", "bench/service_load.py")
 START, END = "<!-- readme_tables: {} -->", "<!-- /readme_tables: {} -->"
+TRANSCRIPT_COMMIT = re.compile(r"^commit=([0-9a-f]{7,40})$", re.M)
 WIDTH = 110
 NBSP = "\u00a0"
 
@@ -132,8 +134,13 @@ def git(*args: str) -> str:
     return done.stdout.strip()
 
 
-def recorded_commit(data: Mapping[str, Any]) -> str | None:
-    """The commit a result says produced it (`bench.environment`), wherever the benchmark keeps it."""
+def recorded_commit(file: str) -> str | None:
+    """The commit a result says produced it: `bench.environment`'s field of a JSON result (wherever the
+    benchmark keeps it), a line ``commit=HASH`` in a transcript."""
+    if not file.endswith(".json"):
+        found = TRANSCRIPT_COMMIT.search((REPO / file).read_text(encoding="utf-8"))
+        return found.group(1) if found else None
+    data = load(file)
     for key in ("environment", "env", "source"):
         commit = data.get(key, {}).get("commit") if isinstance(data.get(key), dict) else None
         if commit:
@@ -141,16 +148,14 @@ def recorded_commit(data: Mapping[str, Any]) -> str | None:
     return None
 
 
-def age(files: Sequence[str], code: Sequence[str]) -> str:
-    """One sentence: the commit the results are from and whether ``code`` changed after it."""
-    commits = {recorded_commit(load(f)) if f.endswith(".json") else None for f in files}
+def age(file: str, code: Sequence[str]) -> str:
+    """One sentence: the commit ``file`` is from and whether ``code`` changed after it."""
     paths = ", ".join(f"`{p}`" for p in code)
-    if None in commits or len(commits) != 1:
-        written = git("log", "-1", "--format=%H", "--", *files)
-        verb = "records" if len(files) == 1 else "record"
-        since, start = written, f"Undated: {_names(files)} {verb} no commit; last written in `{written[:7]}`"
+    since = recorded_commit(file)
+    if since is None:
+        since = git("log", "-1", "--format=%H", "--", file)
+        start = f"Undated: `{Path(file).name}` records no commit; last written in `{since[:7]}`"
     else:
-        since = commits.pop() or ""
         start = f"Measured at commit `{since[:7]}`"
         try:
             git("cat-file", "-e", f"{since}^{{commit}}")
@@ -160,10 +165,6 @@ def age(files: Sequence[str], code: Sequence[str]) -> str:
     if not later:
         return f"{start}; {paths} have not changed since."
     return f"{start}, before later changes to {paths} (from `{later[0][:7]}` on)."
-
-
-def _names(files: Sequence[str]) -> str:
-    return " and ".join(f"`{Path(f).name}`" for f in files)
 
 
 # --- the sections ---------------------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ def tuned() -> tuple[str, list[Claim]]:
         f"the H200 pair in {w.match(TUNE, TUNE_WALL_S)} s (default budget, early stopping, interleaved ",
         f'finalists), printing (`{TUNE}`; "vs TE" is the gain over TE\'s default config measured in the same run, ',
         "i.e. TE's default knobs run by our runtime, not TE itself; \"hidden\" the share of NCCL's comm time ",
-        f"hidden). {age([TUNE, PRESET], TUNER)}",
+        f"hidden). {age(TUNE, TUNER)}",
     ).text("\n")
     w.verbatim(TUNE, "text").text("\n").para(f"and writing `{PRESET}`:").text("\n")
     return w.verbatim(PRESET, "yaml").done()
@@ -198,7 +199,7 @@ def measured() -> tuple[str, list[Claim]]:
     w.para(
         f"`bash bench/gpu_session.sh OUT` on the lent H200 pair (driver {w.value(OVERLAP, f'{env}/driver', kind='text')}, ",
         f"torch {w.value(OVERLAP, f'{env}/torch', kind='text')}, NCCL {w.value(OVERLAP, f'{env}/nccl', kind='text')}, ",
-        f"Triton {w.value(OVERLAP, f'{env}/triton', kind='text')}); full data in `{OVERLAP}`. {age([OVERLAP], RUNTIME)} ",
+        f"Triton {w.value(OVERLAP, f'{env}/triton', kind='text')}); full data in `{OVERLAP}`. {age(OVERLAP, RUNTIME)} ",
         "Best config of a small grid per slot at `h8192_tp2_mbs1_seqlen8192`, ms:",
     )
     w.text(
@@ -243,12 +244,12 @@ def measured() -> tuple[str, list[Claim]]:
         f"Our Triton GEMM runs at {w.value(GEMM, f'/shapes/{order[len(order) // 2]}/ratio', '1%')} of cuBLAS's speed ",
         f"at the median of {w.value(GEMM, '/shapes', kind='count')} shapes (every layer shape of the anchors and one ",
         f"square), {w.value(GEMM, f'/shapes/{small[0]}/ratio', '2f')}-{w.value(GEMM, f'/shapes/{small[-1]}/ratio', '2f')} ",
-        f"on the small h5120 s2048 ones (`{GEMM}`). {age([GEMM], RUNTIME)} ",
+        f"on the small h5120 s2048 ones (`{GEMM}`). {age(GEMM, RUNTIME)} ",
         "The fused ring kernels alone, with every flag already set, take ",
         f"{w.value(RING, '/summary/fused_vs_matmul_median', '3x')} that GEMM's time at the median and ",
         f"{w.value(RING, f'/rows/{rs[0]}/fused_vs_matmul', '2x')}-{w.value(RING, f'/rows/{rs[-1]}/fused_vs_matmul', '2x')} ",
         "on the reduce-scatter of proj_fprop, whose short K loop pays the staging of the partials most ",
-        f"(`python bench/ring_bench.py`, `{RING}`). {age([RING], RUNTIME)}",
+        f"(`python bench/ring_bench.py`, `{RING}`). {age(RING, RUNTIME)}",
     )
     return w.done()
 
@@ -283,7 +284,7 @@ def search() -> tuple[str, list[Claim]]:
     rhos = sorted(range(len(data["cost_model_check"])), key=lambda i: data["cost_model_check"][i]["spearman"])
     w.para(
         f"Replaying landscapes on the CPU (`python bench/search_efficiency.py`, `{f}`), {w.value(f, '/seeds', '0f')} ",
-        f"seeds per landscape. {age([f], SEARCH)} The tuning set is the ",
+        f"seeds per landscape. {age(f, SEARCH)} The tuning set is the ",
         f"{w.value(f, '/sets/tuning/landscapes', kind='count')} landscapes recorded on the H200 pair (every legal ",
         "config of qkv_fprop and proj_fprop at three shapes): the tuner's heuristics were chosen on them, so its ",
         "scores there are in-sample. The held-out set, on which nothing was chosen, is ",
@@ -331,7 +332,7 @@ def _short(landscape: str) -> str:
 def service() -> tuple[str, list[Claim]]:
     f, w = SERVICE_RESULT, Writer()
     w.para(
-        f"Service load (`python bench/service_load.py`, `{f}`). {age([f], SERVICE)} On a ",
+        f"Service load (`python bench/service_load.py`, `{f}`). {age(f, SERVICE)} On a ",
         f"{w.value(f, '/machine/cpus', '0f')}-core machine shared with other work (load average ",
         f"{w.value(f, '/machine/load_average_before/0', '1f')} before the run), ",
         f"{w.value(f, '/config/concurrency', '0f')} clients asking for {w.value(f, '/config/shapes', '0f')} shapes in ",
