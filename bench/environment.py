@@ -1,4 +1,10 @@
-"""The versions a GPU benchmark result must carry: the git commit, GPU, driver, torch, CUDA, NCCL, Triton."""
+"""What every benchmark result must carry: the git commit of the code that produced it, and the versions
+(GPU, driver, torch, CUDA, NCCL, Triton) it ran on.
+
+The commit is read from git in the repository; a copy of the tree without ``.git`` (the lent GPU machine
+gets one) takes it from ``AUTOTUNE_COMMIT``, which whoever ships the tree sets to ``git rev-parse HEAD``.
+A result whose commit is None is undated, and ``bench/readme_tables.py`` says so wherever it is quoted.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +13,33 @@ import platform
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-COMMIT_VARIABLE = "BENCH_GIT_COMMIT"
-"""Names the commit where the tree has no git metadata (a copy of the working tree on a GPU machine)."""
+REPO = Path(__file__).resolve().parents[1]
+COMMIT_ENV = "AUTOTUNE_COMMIT"
 
 
-def git_commit() -> dict[str, object]:
-    """``git_commit`` (the commit the code ran at: git's HEAD, else ``BENCH_GIT_COMMIT``, else None) and
-    ``git_dirty`` (whether tracked files differed from it; None when git could not tell)."""
+def source() -> dict[str, object]:
+    """``commit`` (None when unknown) and ``dirty``: whether tracked files differed from that commit (None
+    when the commit came from ``AUTOTUNE_COMMIT``, which cannot tell)."""
+    given = os.environ.get(COMMIT_ENV)
+    if given:
+        return {"commit": given, "dirty": None}
     try:
-        return {"git_commit": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain", "-uno"))}
+        commit = _git("rev-parse", "HEAD")
+        changed = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
-        return {"git_commit": os.environ.get(COMMIT_VARIABLE) or None, "git_dirty": None}
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(changed)}
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=30)
+    return done.stdout.strip()
 
 
 def environment() -> dict[str, object]:
     import torch
 
-    env: dict[str, object] = {**git_commit(), "python": platform.python_version(), "torch": torch.__version__}
+    env: dict[str, object] = {**source(), "python": platform.python_version(), "torch": torch.__version__}
     try:
         import triton
 

@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.environment import COMMIT_VARIABLE, environment
+from bench.environment import COMMIT_ENV, environment
 from overlap_runtime.config import Method, OverlapConfig, check_config, problem
 from overlap_runtime.errors import ConfigError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
@@ -246,7 +246,7 @@ def summary_lines(result: dict) -> list[str]:
     lines = [
         f"run {i + 1}: median hidden {figure(run['summary']['hidden_median'])}, "
         f"worst {figure(run['summary']['hidden_worst'])} (95% intervals, {run['summary']['slots']} slots, "
-        f"commit {run['environment'].get('git_commit')})"
+        f"commit {run['environment'].get('commit')})"
         for i, run in enumerate(result["runs"])
     ]
     total = result["summary"]
@@ -308,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         merged = [json.loads(path.read_text()) for path in args.merge]
         finish([run for m in merged for run in m["runs"]], args.out, dry_run=any(m["dry_run"] for m in merged))
         return 0
-    if not args.dry_run and environment()["git_commit"] is None:
-        print(f"error: git_commit: unknown (no git metadata here); set {COMMIT_VARIABLE}=<sha>", file=sys.stderr)
+    if not args.dry_run and environment()["commit"] is None:
+        print(f"error: commit: unknown (no git metadata here); set {COMMIT_ENV}=<sha>", file=sys.stderr)
         return 2
     finish([one_run(args, run) for run in range(args.runs)], args.out, dry_run=args.dry_run)
     return 0

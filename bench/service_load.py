@@ -1,25 +1,32 @@
-"""Load on ``GET /v1/best``: requests per second and latency at 64 concurrent clients, beside a bare FastAPI
-endpoint served the same way in the same run, so the ratio says what our stack costs on this machine.
+"""Load on ``GET /v1/best`` over many shapes: requests per second and latency at 64 concurrent clients, with
+the controller's 1 s answer cache and without it, beside a bare FastAPI endpoint served the same way in the
+same run, so the ratios say what our stack costs on this machine.
 
     python bench/service_load.py --out bench/results/service_load.json
     python bench/service_load.py --duration 5 --concurrency 16      # a quick look
     python bench/service_load.py --server-workers 8 --load-procs 4  # a many-core host
+    python bench/service_load.py --shapes 1                          # one shape: what the cache alone serves
 
 Both servers are uvicorn on loopback with ``--server-workers`` processes each (1 by default; the same number
 for both, so the ratio stays fair), access log off; the load starts once every process has finished its
 start-up.  The controller runs with its scheduler (every process, one of them holding the lease) and a
-SQLite database holding the best configs of all ten slots for the queried shape.  The load generator is
+SQLite database holding the best configs of all ten slots for each of ``--shapes`` shapes (128 by default:
+16 hidden sizes x 4 sequence lengths x 2 micro-batch sizes).  Every client asks for the shapes in turn,
+starting at its own, so consecutive requests ask for different shapes; the bare endpoint gets the same
+requests (it ignores the query).  The load generator is
 ``--load-procs`` asyncio processes (1 by default) sharing ``--concurrency`` clients, each client sending its
 next request as soon as the last returned (closed loop) on one keep-alive connection; the connections are
 opened one after the other, so with several server processes each is accepted by whichever process is idle
 (opened at once, they would mostly go to the first process to wake, and stay there).  CPUs: the load
 generator gets the first cores, one each, the servers the next ``--server-workers`` cores, shared by both
 servers' processes in turn; a machine with fewer cores shares what it has (``machine.pinning`` records it).
-``best`` is the default controller (answers cached 1 s, `api.cache`); ``best_uncached`` reads the database
-on every request.  Beside each endpoint's numbers, ``cpu_use`` says how busy each load-generator process was
-(CPU seconds per second; near 1.0, it and not the server may be the limit) and each server process (how evenly
-they shared the work).
-Targets (issue 5): at least 50% of the bare endpoint's rate, p99 at most 50 ms.
+``best`` is the default controller (answers cached 1 s, `api.cache`: with N shapes, at most N misses a
+second); ``best_uncached`` reads the database on every request.  Beside each endpoint's numbers, ``cpu_use``
+says how busy each load-generator process was (CPU seconds per second; near 1.0, it and not the server may
+be the limit) and each server process (how evenly they shared the work).  ``machine.load_average_before``
+says whether other work shared the machine.
+Targets (issue 5): at least 50% of the bare endpoint's rate, p99 at most 50 ms, cached; the uncached
+numbers are reported beside them, without a target.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import itertools
 import json
 import multiprocessing
 import os
@@ -48,13 +56,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import storage
 from autotune.outcome import SlotOutcome
+from bench.environment import source
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape
 from search_spaces import tunable_slots
 
-SHAPE = ModelShape(hidden=8192, tp=2, mbs=1, seq=8192)
-QUERY = {"hidden": 8192, "tp": 2, "mbs": 1, "seq": 8192}
+HIDDEN = tuple(range(1024, 16385, 1024))
+SEQ = (1024, 2048, 4096, 8192)
+MBS = (1, 2)
+TP = 2
 GPU = "NVIDIA H200"
 TOKEN = "bench"
 TARGET_RATIO = 0.5
@@ -77,8 +88,20 @@ def bare_app() -> Any:
     return app
 
 
-def seed_best_configs(db_url: str) -> None:
-    """Winners for all ten slots of `SHAPE` on `GPU`, shaped like the scheduler writes them."""
+def shapes(n: int) -> list[ModelShape]:
+    """The first ``n`` of the benchmark's shapes (hidden sizes, then sequence lengths, then micro-batches)."""
+    every = [ModelShape(hidden=h, tp=TP, mbs=b, seq=s) for b in MBS for s in SEQ for h in HIDDEN]
+    if not 1 <= n <= len(every):
+        raise ValueError(f"--shapes must be between 1 and {len(every)} (got {n})")
+    return every[:n]
+
+
+def query(shape: ModelShape) -> dict[str, int]:
+    return {"hidden": shape.hidden, "tp": shape.tp, "mbs": shape.mbs, "seq": shape.seq}
+
+
+def seed_best_configs(db_url: str, asked: list[ModelShape]) -> None:
+    """Winners for all ten slots of every shape on `GPU`, shaped like the scheduler writes them."""
     engine = storage.create_engine_for(url=db_url)
     storage.upgrade(engine=engine)
     samples = tuple(1.0 + 0.01 * i for i in range(20))
@@ -95,7 +118,7 @@ def seed_best_configs(db_url: str) -> None:
     )
     config = OverlapConfig(method=Method.NONE)
     with storage.session_factory(engine=engine)() as session:
-        for slot in tunable_slots(SHAPE):
+        for shape, slot in ((a, slot) for a in asked for slot in tunable_slots(a)):
             outcome = SlotOutcome(
                 slot=slot,
                 best=config,
@@ -110,7 +133,7 @@ def seed_best_configs(db_url: str) -> None:
             storage.upsert_best(
                 session=session,
                 gpu=GPU,
-                shape=SHAPE,
+                shape=shape,
                 slot=slot.value,
                 config=config.to_dict(),
                 measurement=m.to_dict(),
@@ -223,7 +246,7 @@ class LoadPart:
 async def _clients(
     url: str,
     *,
-    params: dict[str, Any],
+    queries: list[dict[str, Any]],
     concurrency: int,
     duration_s: float,
     warmup_s: float,
@@ -233,17 +256,21 @@ async def _clients(
 
     Each client is one keep-alive HTTP/1.1 connection driven by a few lines of asyncio: a general-purpose
     async HTTP client costs more CPU per request than the bare endpoint itself, and would measure itself.
+    Client i asks for ``queries[i], queries[i + 1], ...`` in turn.
     Connections are opened (and answered once) one at a time, then ``barrier`` (several load processes) lines
     the processes up, and the clock starts.
     """
-    target = httpx.URL(url, params=params)
-    request = (
-        f"GET {target.raw_path.decode()} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
-        "Connection: keep-alive\r\n\r\n"
-    ).encode()
+    base = httpx.URL(url)
+    requests = [
+        (
+            f"GET {httpx.URL(url, params=q).raw_path.decode()} HTTP/1.1\r\nHost: {base.host}:{base.port}\r\n"
+            "Connection: keep-alive\r\n\r\n"
+        ).encode()
+        for q in queries
+    ]
     part = LoadPart()
 
-    async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bytes:
         writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
         length = next(
@@ -253,9 +280,9 @@ async def _clients(
         return head
 
     connections = []
-    for _ in range(concurrency):
-        reader, writer = await asyncio.open_connection(target.host, target.port)
-        await exchange(reader, writer)
+    for i in range(concurrency):
+        reader, writer = await asyncio.open_connection(base.host, base.port)
+        await exchange(reader, writer, requests[i % len(requests)])
         connections.append((reader, writer))
     if barrier is not None:
         barrier.wait()
@@ -264,10 +291,11 @@ async def _clients(
     measure_from = start + warmup_s
     end = measure_from + duration_s
 
-    async def one_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def one_client(index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        turn = itertools.count(index)
         try:
             while (sent := time.perf_counter()) < end:
-                head = await exchange(reader, writer)
+                head = await exchange(reader, writer, requests[next(turn) % len(requests)])
                 done = time.perf_counter()
                 if sent >= measure_from:
                     if head.startswith(b"HTTP/1.1 200"):
@@ -277,7 +305,7 @@ async def _clients(
         finally:
             writer.close()
 
-    await asyncio.gather(*(one_client(r, w) for r, w in connections))
+    await asyncio.gather(*(one_client(i, r, w) for i, (r, w) in enumerate(connections)))
     part.cpu_s = time.process_time() - cpu_start
     part.wall_s = time.perf_counter() - start
     return part
@@ -341,31 +369,39 @@ def main() -> None:
         "--server-workers", type=int, default=1, help="uvicorn processes per server (the same for both servers)"
     )
     parser.add_argument("--load-procs", type=int, default=1, help="Load-generator processes sharing the clients")
+    parser.add_argument("--shapes", type=int, default=128, help="Distinct shapes asked for, in turn")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    for name in ("concurrency", "server_workers", "load_procs"):
+    for name in ("concurrency", "server_workers", "load_procs", "shapes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     if args.load_procs > args.concurrency:
         parser.error(f"--load-procs must not exceed --concurrency ({args.concurrency}) (got {args.load_procs})")
+    try:
+        asked = shapes(args.shapes)
+    except ValueError as e:
+        parser.error(str(e))
+    queries = [query(s) for s in asked]
     plan = plan_cpus(server_workers=args.server_workers, load_procs=args.load_procs)
+    load_average = os.getloadavg()
     _pin(plan.load[:1])()
 
     with tempfile.TemporaryDirectory() as tmp:
         db_url = f"sqlite:///{Path(tmp) / 'bench.db'}"
-        seed_best_configs(db_url)
+        seed_best_configs(db_url, asked)
         env = {**os.environ, "AUTOTUNE_DB_URL": db_url, "AUTOTUNE_TOKEN": TOKEN, "XDG_DATA_HOME": tmp}
         results, cpu_use = {}, {}
-        for name, target, path, params, extra_env in (
-            ("bare", "bench.service_load:bare_app", "/bare", {}, {}),
-            ("best", "api.main:app_from_env", "/v1/best", QUERY, {}),
-            ("best_uncached", "api.main:app_from_env", "/v1/best", QUERY, {"AUTOTUNE_BEST_CACHE_S": "0"}),
+        for name, target, path, extra_env in (
+            ("bare", "bench.service_load:bare_app", "/bare", {}),
+            ("best", "api.main:app_from_env", "/v1/best", {}),
+            ("best_uncached", "api.main:app_from_env", "/v1/best", {"AUTOTUNE_BEST_CACHE_S": "0"}),
         ):
             proc, url = serve(target, env=env | extra_env, workers=args.server_workers, cpus=plan.server)
             try:
-                answer = httpx.get(f"{url}{path}", params=params).json()
-                if name != "bare" and not answer.get("measured"):
-                    raise RuntimeError(f"/v1/best did not find the seeded configs: {answer}")
+                for params in (queries[0], queries[-1]):
+                    answer = httpx.get(f"{url}{path}", params=params).json()
+                    if name != "bare" and not answer.get("measured"):
+                        raise RuntimeError(f"/v1/best did not find the seeded configs of {params}: {answer}")
                 pids = server_processes(proc, workers=args.server_workers)
                 pinned = {cpu for pid in pids for cpu in os.sched_getaffinity(pid)}
                 if pinned != set(plan.server):
@@ -375,7 +411,7 @@ def main() -> None:
                     f"{url}{path}",
                     procs=args.load_procs,
                     cpus=plan.load,
-                    params=params,
+                    queries=queries,
                     concurrency=args.concurrency,
                     duration_s=args.duration,
                     warmup_s=args.warmup,
@@ -391,9 +427,11 @@ def main() -> None:
 
     ratio = results["best"]["rps"] / results["bare"]["rps"]
     report = {
-        "benchmark": "GET /v1/best vs a bare FastAPI endpoint, closed loop on loopback",
+        "benchmark": "GET /v1/best over many shapes, cached and uncached, vs a bare FastAPI endpoint, closed loop on loopback",
+        "source": source(),
         "machine": {
             "cpus": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_average],
             "pinning": {"server": plan.server, "load": plan.load},
             "python": platform.python_version(),
             "platform": platform.platform(),
@@ -405,16 +443,19 @@ def main() -> None:
             "warmup_s": args.warmup,
             "server_workers": args.server_workers,
             "load_procs": args.load_procs,
-            "query": QUERY,
+            "shapes": len(queries),
+            "queries": [queries[0], queries[-1]],
             "slots": 10,
         },
         "bare": results["bare"],
         "best": results["best"],
         "best_uncached": results["best_uncached"],
-        "best_uncached_note": "AUTOTUNE_BEST_CACHE_S=0: every request reads the ten rows (the default caches answers 1 s)",
+        "best_note": f"the default controller: each of the {len(queries)} shapes' answers cached 1 s",
+        "best_uncached_note": "AUTOTUNE_BEST_CACHE_S=0: every request reads the ten rows of its shape",
         "cpu_use": cpu_use,
         "cpu_use_note": "CPU seconds per second while the load ran: each load-generator process, each server process",
         "ratio_of_bare_rps": round(ratio, 3),
+        "uncached_ratio_of_bare_rps": round(results["best_uncached"]["rps"] / results["bare"]["rps"], 3),
         "targets": {"ratio_of_bare_rps": TARGET_RATIO, "p99_ms": TARGET_P99_MS},
         "meets_targets": ratio >= TARGET_RATIO and results["best"]["p99_ms"] <= TARGET_P99_MS,
     }

@@ -3,6 +3,8 @@ interpreter: one rank's call with its peers' pushes and flags already in place."
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from triton_interpreter import interpreted
@@ -44,11 +46,26 @@ def test_a_flag_past_the_epoch_counts_as_arrived() -> None:
     assert torch.equal(out, own + received[1])
 
 
-def test_spin_returns_once_the_flag_has_reached_the_target() -> None:
-    flag = torch.tensor([5], dtype=torch.int32)
-    flag_kernels.spin(flag, 5)
-    flag_kernels.spin(flag, 3)
-    assert flag.item() == 5  # it reads the flag, never changes it
+def test_spin_waits_for_a_flag_raised_after_it_started_and_returns_once_it_is_up() -> None:
+    """The order of events: the spin is still waiting 0.3 s after it started on a flag below the target, and
+    returns only after the flag was raised (the interpreter reads the tensor's memory on every iteration)."""
+    flag = torch.tensor([4], dtype=torch.int32)
+    events: list[str] = []
+
+    def spin() -> None:
+        flag_kernels.spin(flag, 5)
+        events.append("returned")
+
+    waiting = threading.Thread(target=spin, daemon=True)
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and not events
+    events.append("raised")
+    flag[0] = 5
+    waiting.join(60)
+    assert not waiting.is_alive()
+    assert events == ["raised", "returned"]
+    flag_kernels.spin(flag, 3)  # a flag already past the target: returns at once
 
 
 @pytest.mark.parametrize(

@@ -35,8 +35,8 @@ def collective_of(slot: str, config: dict[str, Any]) -> str:
 def test_the_result_records_the_commit_that_produced_it(result: tuple[dict[str, Any], Path]) -> None:
     data, _ = result
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert data["environment"]["git_commit"] == head.stdout.strip()
-    assert all(run["environment"]["git_commit"] == head.stdout.strip() for run in data["runs"])
+    assert data["environment"]["commit"] == head.stdout.strip()
+    assert all(run["environment"]["commit"] == head.stdout.strip() for run in data["runs"])
 
 
 def test_each_best_is_scored_against_its_own_problem_timed_in_its_rounds(result: tuple[dict[str, Any], Path]) -> None:

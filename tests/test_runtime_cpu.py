@@ -57,8 +57,10 @@ def test_every_legal_method_reproduces_the_serial_result(runtime: Runtime, slot:
         assert m.valid, (config, m)
         assert m.rel_err < 1e-5, (config, m.rel_err)
         assert m.overlap_ms > 0 and m.gemm_ms > 0 and m.comm_ms > 0 and m.serial_ms > 0
-        assert m.exposed_ms == pytest.approx(m.overlap_ms - m.gemm_ms)
-        assert m.hidden_frac == pytest.approx(1 - m.exposed_ms / m.comm_ms)
+        # Against the raw repeats (exposed_ms and hidden_frac are definitions: tests/test_measurement.py).
+        assert m.repeats == len(m.samples) == 3
+        assert m.overlap_ms == statistics.median(m.samples)
+        assert m.cv == pytest.approx(statistics.pstdev(m.samples) / statistics.fmean(m.samples))
         measured += 1
     assert measured >= 2  # the baseline and at least one overlap method
 

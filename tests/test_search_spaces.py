@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import warnings
 from collections.abc import Iterator
 
@@ -205,21 +206,29 @@ def test_each_knob_offers_one_choice_list_per_space_as_optuna_requires(tp: int, 
 def test_optuna_study_samples_the_space_define_by_run() -> None:
     space = slot_space(ModelShape(hidden=4096, tp=4, seq=4096), Slot.QKV_DGRAD, backend="cuda", limits=H200)
 
+    sampled: list[OverlapConfig] = []
+
     def objective(trial: optuna.Trial) -> float:
         method = Method(trial.suggest_categorical("method", [m.value for m in space.methods]))
         chosen: dict[str, object] = {}
         while (param := space.next_param(method, chosen)) is not None:
             chosen[param.name] = trial.suggest_categorical(param.name, param.choices)
-        config = space.config(method, chosen)
-        assert accepts(space, config)
-        return float(config.num_sm or 0)
+        sampled.append(space.config(method, chosen))
+        return float(sampled[-1].num_sm or 0)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=10))
         study.optimize(objective, n_trials=40)
-    assert len(study.trials) == 40
+    # Optuna took every conditional choice list (no "dynamic value space" error failed a trial), reached
+    # every method's branch, and each config it built is one the runtime accepts and the space holds.
+    assert {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
+    assert {c.method for c in sampled} == set(space.methods)
+    assert all(accepts(space, c) and c in space for c in sampled)
+    # TPE modelled the objective (num_sm): after its start-up it asks for half the space's average at most.
+    average = statistics.fmean(c.num_sm or 0 for c in space.configs())
+    assert statistics.fmean(c.num_sm or 0 for c in sampled[10:]) < average / 2
 
 
 def test_ring_exchange_asks_its_knobs_in_order() -> None:
