@@ -352,7 +352,7 @@ class CudaDevice(Device):
         return self._streams[key]
 
     def _current_name(self) -> str:
-        """ "main", or the name the current stream was created with."""
+        """The current stream's name: "main", or the name it was created with."""
         return self._names.get(torch.cuda.current_stream(self.device).cuda_stream, "main")
 
     def on(self, stream: Any) -> contextlib.AbstractContextManager[None]:
