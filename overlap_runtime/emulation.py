@@ -41,8 +41,19 @@ from overlap_runtime.device import CommOptions, Device, Kernels, Work
 from overlap_runtime.host_kernels import WAIT_LIMIT_S, StreamTimeout, wait_until
 from overlap_runtime.races import Jitter
 
-SHARED_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-"""Where the shared-memory files of `HostDevice.symmetric` live (briefly: they are unlinked once mapped)."""
+SHARED_DIRS = (Path("/dev/shm"), Path(tempfile.gettempdir()))
+"""Where the files of `HostDevice.symmetric` live (briefly: they are unlinked once mapped): shared memory
+where it has room for every rank's file twice over (containers often get 64 MB of it), else a file whose
+pages the ranks share through the page cache."""
+
+
+def _shared_dir(nbytes: int) -> Path:
+    for path in SHARED_DIRS:
+        if path.is_dir():
+            stat = os.statvfs(path)
+            if stat.f_bavail * stat.f_frsize >= 2 * nbytes:
+                return path
+    return SHARED_DIRS[-1]
 
 
 def _after(delay_s: float, work: Callable[[], Any]) -> Callable[[], None]:
@@ -119,8 +130,6 @@ class HostDevice(Device):
         self._current = self._main
         self._streams: dict[tuple[str, int, int], HostStream] = {}
         self._comm_streams: dict[CommOptions, HostStream] = {}
-        self._shared_prefix: str | None = None
-        self._buffers = 0
 
     def _all_streams(self) -> list[HostStream]:
         return [self._main, *self._streams.values(), *self._comm_streams.values()]
@@ -175,23 +184,21 @@ class HostDevice(Device):
 
     def symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Files in shared memory, one per rank, that every rank maps (all ranks call this together)."""
-        self.synchronize()  # what is in flight may use the group that the barriers below use
-        if self._shared_prefix is None:
-            prefix = [f"overlap-{os.getpid()}-{secrets.token_hex(4)}"]
-            dist.broadcast_object_list(prefix, src=0)
-            self._shared_prefix = prefix[0]
-        self._buffers += 1
+        self.synchronize()  # what is in flight may use the group that the collectives below use
         numel = math.prod(shape)
+        # rank 0 names the files (one per rank) and picks where they go, for every rank alike
+        where = [_shared_dir(self.tp * numel * dtype.itemsize) / f"overlap-{os.getpid()}-{secrets.token_hex(4)}"]
+        dist.broadcast_object_list(where, src=0)
 
         def mapped(rank: int) -> torch.Tensor:
-            path = SHARED_DIR / f"{self._shared_prefix}-{self._buffers}-{rank}"
-            return torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
+            path = f"{where[0]}-{rank}"
+            return torch.from_file(path, shared=True, size=numel, dtype=dtype).view(shape)
 
         local = mapped(self.rank)  # creates the file, zeroed
         dist.barrier()
         peers = [local if p == self.rank else mapped(p) for p in range(self.tp)]
         dist.barrier()
-        (SHARED_DIR / f"{self._shared_prefix}-{self._buffers}-{self.rank}").unlink()
+        Path(f"{where[0]}-{self.rank}").unlink()
         return local, peers
 
     def _write_flag(self, words: torch.Tensor, index: int, value: int, *, early: bool) -> None:

@@ -20,8 +20,9 @@ from overlap_runtime.ring_gemm import ScatterPlan, Segment
 
 WAIT_LIMIT_S = 30.0
 """The longest any emulated wait blocks before it fails the call."""
-POLL_S = 20e-6
-"""Pause between two reads of a flag word that a wait polls."""
+POLL_S = (20e-6, 1e-3)
+"""Pause between two reads of a flag word that a wait polls: the first, doubling up to the last (a wait
+that lasts costs the cores little; the ranks share them)."""
 
 
 def _no_pause() -> None:
@@ -36,10 +37,12 @@ def wait_until(words: torch.Tensor, index: int, value: int) -> None:
     """Block until the int32 ``words[index]`` (memory that another thread or rank writes) is at least ``value``."""
     word = words.numpy()[index : index + 1]  # a view: every read goes to memory
     deadline = time.monotonic() + WAIT_LIMIT_S
+    pause, longest = POLL_S
     while word[0] < value:
         if time.monotonic() > deadline:
             raise StreamTimeout(f"flag word {index} stayed at {int(word[0])} < {value} for {WAIT_LIMIT_S:g} s")
-        time.sleep(POLL_S)
+        time.sleep(pause)
+        pause = min(2 * pause, longest)
 
 
 def spin(flag: torch.Tensor, target: int) -> None:
