@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from overlap_runtime import host_kernels
 from overlap_runtime.device import CommOptions, Device, Kernels, Work
-from overlap_runtime.host_kernels import WAIT_LIMIT_S, StreamTimeout, wait_until
+from overlap_runtime.host_kernels import WAIT_LIMIT_S, StreamError, wait_until
 from overlap_runtime.races import Jitter
 
 SHARED_DIRS = (Path("/dev/shm"), Path(tempfile.gettempdir()))
@@ -78,7 +78,7 @@ class HostEvent:
 
     def wait(self) -> None:
         if not self._done.wait(WAIT_LIMIT_S):
-            raise StreamTimeout(f"an event was not recorded within {WAIT_LIMIT_S:g} s")
+            raise StreamError(f"an event was not recorded within {WAIT_LIMIT_S:g} s")
 
 
 class HostStream:
@@ -177,7 +177,7 @@ class HostDevice(Device):
         for stream in self._all_streams():
             if stream.error is not None:
                 error, stream.error = stream.error, None
-                raise RuntimeError(f"{type(error).__name__} on stream {stream.name}: {error}") from error
+                raise StreamError(f"{type(error).__name__} on stream {stream.name}: {error}") from error
 
     def gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str) -> None:
         self.launch(lambda: torch.mm(a, b, out=out))  # any GEMM kind: only the order of the work matters here

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from overlap_runtime.errors import AutotuneError
 from overlap_runtime.ring_gemm import ScatterPlan, Segment
 
 WAIT_LIMIT_S = 30.0
@@ -29,8 +30,9 @@ def _no_pause() -> None:
     pass
 
 
-class StreamTimeout(TimeoutError):
-    """An emulated wait outlasted `WAIT_LIMIT_S`: its flag or event never came."""
+class StreamError(AutotuneError, RuntimeError):
+    """Work on an emulated stream failed: a wait outlasted `WAIT_LIMIT_S` (its flag or event never came), or
+    the work raised (`emulation.HostDevice.synchronize` says which stream)."""
 
 
 def wait_until(words: torch.Tensor, index: int, value: int) -> None:
@@ -40,7 +42,7 @@ def wait_until(words: torch.Tensor, index: int, value: int) -> None:
     pause, longest = POLL_S
     while word[0] < value:
         if time.monotonic() > deadline:
-            raise StreamTimeout(f"flag word {index} stayed at {int(word[0])} < {value} for {WAIT_LIMIT_S:g} s")
+            raise StreamError(f"flag word {index} stayed at {int(word[0])} < {value} for {WAIT_LIMIT_S:g} s")
         time.sleep(pause)
         pause = min(2 * pause, longest)
 
