@@ -25,6 +25,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -74,6 +75,16 @@ class Kernels:
     scatter_matmul: Callable[..., Any]
     reduce_when_ready: Callable[..., Any]
     spin: Callable[..., Any]
+
+    @classmethod
+    def of(cls, ring: ModuleType, flags: ModuleType) -> Kernels:
+        """The ring kernels of ``ring`` and the flag kernels of ``flags``."""
+        return cls(
+            gather_matmul=ring.gather_matmul,
+            scatter_matmul=ring.scatter_matmul,
+            reduce_when_ready=flags.reduce_when_ready,
+            spin=flags.spin,
+        )
 
 
 class Work:
@@ -327,12 +338,7 @@ class CudaDevice(Device):
     """The primitives on one GPU (see the module docstring)."""
 
     is_cuda = True
-    kernels = Kernels(
-        gather_matmul=ring_gemm.gather_matmul,
-        scatter_matmul=ring_gemm.scatter_matmul,
-        reduce_when_ready=flag_kernels.reduce_when_ready,
-        spin=flag_kernels.spin,
-    )
+    kernels = Kernels.of(ring_gemm, flag_kernels)
     jitter = Jitter(chance=0.3, max_s=50e-6, slow_s=500e-6)
     """Random sleep kernels of up to 50 µs (a small chunk GEMM or push), and 0.5 ms before every op of a
     slowed stream: longer than most chunk GEMMs of the shapes the tests check."""

@@ -114,12 +114,7 @@ class HostDevice(Device):
     """The primitives of one rank on CPU, emulated (see the module docstring)."""
 
     is_cuda = False
-    kernels = Kernels(
-        gather_matmul=host_kernels.gather_matmul,
-        scatter_matmul=host_kernels.scatter_matmul,
-        reduce_when_ready=host_kernels.reduce_when_ready,
-        spin=host_kernels.spin,
-    )
+    kernels = Kernels.of(host_kernels, host_kernels)
     jitter = Jitter(chance=0.3, max_s=0.5e-3, slow_s=2e-3)
     """Random delays of up to 0.5 ms, 2 ms before every op of a slowed stream: many times a small op's own run
     time on CPU."""
