@@ -168,7 +168,7 @@ def check_config(
         config, (k for k in CONFIG_KNOBS if backend not in k.backends), f"has no meaning on the {backend} backend"
     )
     _check_knobs(config, gemm, limits)
-    if backend == "cuda" and config.aggregate and config.use_ce is not False:
+    if config.aggregate and (config.use_ce or (backend == "cuda" and config.use_ce is None)):
         raise ConfigError(
             "aggregate",
             "the copy-engine all-gather pushes each shard straight to every peer, so it has no ring steps to "

@@ -3,8 +3,9 @@
 Every timed region starts with the ranks aligned (`Device.align`), is timed with CUDA events (CPU:
 perf_counter) after warm-up, and is repeated; the slowest rank's time of each repeat counts and the
 median of those is reported, with the spread as ``cv``.  Inputs are random (never zeros), different on
-every rank, and rotate over enough sets to exceed the L2 cache.  Every config's output is compared with
-the serial reference computed from the same inputs.
+every rank, and rotate over at least two sets (on CUDA enough to exceed the L2 cache), so that no call sees
+the inputs of the call before it.  Every config's output is compared with the serial reference computed from
+the same inputs (`_check_numerics`).
 """
 
 from __future__ import annotations
@@ -19,16 +20,21 @@ import torch
 import torch.distributed as dist
 
 from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
-from overlap_runtime.device import Device, Timer
+from overlap_runtime.device import CudaDevice, Device, Timer
+from overlap_runtime.emulation import HostDevice
 from overlap_runtime.group import RankContext
 from overlap_runtime.measurement import REL_ERR_LIMIT, Baselines, BaselineSource, Measurement
 from overlap_runtime.methods import BULK_GATHERED, Operands, Plan, comm_only, gemm_only, run, serial
+from overlap_runtime.races import slowed_streams
 from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
 from overlap_runtime.uncertainty import Series
 
 ROTATE_BYTES = 128 << 20
 """Inputs rotate over enough sets to cover this many bytes: over twice an H200's 50 MB L2."""
 MAX_SETS = 8
+MIN_SETS = 2
+"""Even where one set would cover the rotation's bytes: consecutive calls always see different inputs, so a
+call that reads a buffer before its data arrived reads the last call's data, and the check sees it."""
 OPERAND_CACHE = 2
 
 
@@ -38,7 +44,8 @@ def device_of(ctx: RankContext) -> Device:
             # Work on our own stream, never the legacy default stream, whose implicit synchronization with
             # other streams would serialize the overlap (and can deadlock with stream-ordered flag waits).
             torch.cuda.set_stream(torch.cuda.Stream(device=ctx.device))
-        ctx.state["device"] = Device(rank=ctx.rank, tp=ctx.tp, device=ctx.device)
+        kind = CudaDevice if ctx.backend == "cuda" else HostDevice
+        ctx.state["device"] = kind(rank=ctx.rank, tp=ctx.tp, device=ctx.device)
     return ctx.state["device"]
 
 
@@ -73,13 +80,13 @@ def make_operands(dev: Device, gemm: SlotGemm, seed: int) -> tuple[Operands, lis
         full, shard = (gemm.tokens, gemm.hidden), (rows, gemm.hidden)
         x_shape, y_shape = (shard, full) if gemm.collective == Collective.ALL_GATHER else (full, shard)
     set_bytes = (math.prod(a_shape) + gemm.k * gemm.n + (math.prod(x_shape) if x_shape else 0)) * 2
-    n_sets = 1 if not dev.is_cuda else max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / set_bytes)))
+    n_sets = max(MIN_SETS, min(MAX_SETS, math.ceil(ROTATE_BYTES / set_bytes)) if dev.is_cuda else MIN_SETS)
     sets = [(rand(*a_shape), rand(gemm.k, gemm.n), *([rand(*x_shape)] if x_shape else [])) for _ in range(n_sets)]
     out = torch.empty(out_shape, device=dev.device, dtype=dtype)
     ops = Operands(gemm=gemm, a=sets[0][0], b=sets[0][1], out=out, x=sets[0][2] if x_shape else None)
-    if y_shape and dev.is_cuda and gemm.collective == Collective.ALL_GATHER:
+    if y_shape and gemm.collective == Collective.ALL_GATHER:
         # Peer-mapped, as TE's userbuffer is: a copy-engine bulk all-gather pushes straight into it.
-        ops.y = ops.peer_buffer(BULK_GATHERED, y_shape).local
+        ops.y = ops.peer_buffer(dev, BULK_GATHERED, y_shape).local
     elif y_shape:
         ops.y = torch.empty(y_shape, device=dev.device, dtype=dtype)
     if gemm.coupled and gemm.collective == Collective.ALL_GATHER:
@@ -109,6 +116,15 @@ def _use(ops: Operands, inputs: tuple[torch.Tensor, ...]) -> None:
         ops.x = inputs[2]
 
 
+def _use_next(ops: Operands, sets: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """Hand ``ops`` the input set after the one its last call took (`Operands.turn`, kept across regions and
+    configs); returns it."""
+    inputs = sets[ops.turn % len(sets)]
+    ops.turn += 1
+    _use(ops, inputs)
+    return inputs
+
+
 def time_region(
     dev: Device, ops: Operands, sets: list, fn: Callable[[], None], *, repeats: int, warmup: int
 ) -> list[float]:
@@ -118,8 +134,8 @@ def time_region(
     all of ``fn`` (`Device.align`; its closing all-reduce holds every rank until the longest sleep is over),
     so on CUDA only the GPU's work is timed."""
     host_ms = []
-    for i in range(warmup):
-        _use(ops, sets[i % len(sets)])
+    for _ in range(warmup):
+        _use_next(ops, sets)
         t0 = time.perf_counter()
         fn()
         host_ms.append((time.perf_counter() - t0) * 1e3)
@@ -127,8 +143,8 @@ def time_region(
     # the median ignores a later one that did.
     queue_ms = statistics.median(host_ms[1:] or host_ms) if host_ms else 0.0
     timers = [Timer(dev) for _ in range(repeats)]
-    for i, timer in enumerate(timers):
-        _use(ops, sets[i % len(sets)])
+    for timer in timers:
+        _use_next(ops, sets)
         dev.align(queue_ms)
         timer.start()
         fn()
@@ -265,18 +281,47 @@ def measure_task(
     ]
 
 
-def _check_numerics(dev: Device, c: _Candidate) -> float:
-    """Worst-rank relative error of one call against the serial reference on the same inputs; the outputs
-    are poisoned first so that anything left unwritten shows up as NaN."""
-    _use(c.ops, c.sets[0])
-    outputs = [t for t in (c.ops.out, c.ops.y) if t is not None]
-    serial(dev, c.ops)
-    reference = [t.clone() for t in outputs]
-    for t in outputs:
-        t.fill_(math.nan)
-    c.call(dev)
+def _check_numerics(dev: Device, c: _Candidate, *, seed: int = 0) -> float:
+    """Worst-rank relative error of back-to-back calls against the serial reference on the same inputs, under
+    random delays (`Device.jittered`), one call per stream that `races.slowed_streams` slows in turn.
+
+    Made to fail on a race, not only on wrong arithmetic: every buffer that a transfer or a chunk writes is
+    poisoned first (`Operands.poison`, on every rank), so a read of anything this check's calls did not
+    write shows as NaN; each call takes the input set after the last one's, so a read ahead of its data reads
+    the last call's numbers; each call's inputs are written on the stream just before it, as the kernel that
+    produced them would, so a transfer that does not wait for them moves the last call's; each call's
+    outputs are copied out on the stream right after it, as the next kernel would read them, so a transfer
+    that lands late, or a peer that overwrites a buffer still being read, shows in the copy."""
+    ops = c.ops
+    schedule = slowed_streams(dev.tp)
+    turns = [_use_next(ops, c.sets) for _ in schedule]
+    references: dict[int, list[torch.Tensor]] = {}
+    for inputs in turns:
+        if id(inputs) not in references:
+            _use(ops, inputs)
+            serial(dev, ops)
+            dev.synchronize()
+            references[id(inputs)] = [t.clone() for t in ops.outputs()]
+    dist.barrier()  # every rank's reference is done before any rank's poison: no transfer is in flight
+    ops.poison(dev)
     dev.synchronize()
-    return _rel_err(dev, outputs, reference)
+    dist.barrier()
+    got, want = [], []
+    with dev.jittered(seed):
+        for inputs, slow in zip(turns, schedule, strict=True):
+            with dev.slowed(slow[1] if slow and slow[0] == dev.rank else None):
+                _stage(dev, ops, inputs)
+                c.call(dev)
+                got += [dev.copy(torch.empty_like(t), t) for t in ops.outputs()]
+            want += references[id(inputs)]
+        dev.synchronize()
+    return _rel_err(dev, got, want)
+
+
+def _stage(dev: Device, ops: Operands, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Copy ``inputs`` into buffers of their own on the current stream and hand those to ``ops``."""
+    staged = [dev.copy(ops.buffer(f"staged_{i}", tuple(t.shape)), t) for i, t in enumerate(inputs)]
+    _use(ops, tuple(staged))
 
 
 def _cached(ctx: RankContext, dev: Device, p: _Problem, seed: int, timing: dict) -> Baselines:

@@ -193,10 +193,10 @@ KNOBS: tuple[Knob, ...] = (
         origin=Origin.TE,
         te_methods=frozenset({Method.RING_EXCHANGE}),
         te_default=True,
-        backends=_CUDA,
         cli="--use-ce/--no-ce",
-        help="ring_exchange (default true) and bulk (default false): copy-engine pushes into peer buffers "
-        "(true) or NCCL kernels on num_sm SMs (false).",
+        help="ring_exchange (default true; on cpu false, gloo's send/recv ring) and bulk (default false): "
+        "copy-engine pushes into peer buffers (true; on cpu an emulated copy engine) or NCCL kernels on "
+        "num_sm SMs (false).",
     ),
     Knob(
         name="fp8_buf",
@@ -258,15 +258,13 @@ KNOBS: tuple[Knob, ...] = (
         kind=Kind.CHOICE,
         origin=Origin.RUNTIME,
         choices=GEMM_KINDS,
-        backends=_CUDA,
         overlap_only=False,
-        help="Which GEMM runs the chunks: triton (ours, SM-bounded) or cublas.",
+        help="Which GEMM runs the chunks: triton (ours, SM-bounded) or cublas (on cpu both are torch.mm).",
     ),
     Knob(
         name="fused",
         kind=Kind.FLAG,
         origin=Origin.RUNTIME,
-        backends=_CUDA,
         help="ring_exchange with gemm=triton: all tp chunks in one launch of our GEMM that moves them itself "
         "(all-gather: waits in-kernel for each copy-engine push; reduce-scatter: counts each segment of a "
         "partial done for the copy engine to push to its owner, and adds the ones received).",

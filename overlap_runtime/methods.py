@@ -11,18 +11,20 @@ Shapes per rank (T tokens, P = tp, r = this rank, rows = T/P, chunk c = rows [c*
 
 Every method leaves ``out`` (and ``y``) equal to the serial reference; `harness` checks it on every config.
 Streams: see `device`.  GEMM chunks go to `Lanes`; the main stream orders transfers and joins the lanes.
+Every wait and flag write of the copy-engine methods names its site, ``"<function>.<what>"`` (`races`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from overlap_runtime import flag_kernels, ring_gemm
+from overlap_runtime import ring_gemm
 from overlap_runtime.config import Method, OverlapConfig, sm_driven_comm
 from overlap_runtime.device import CommOptions, Device
 from overlap_runtime.knobs import DEFAULT_STREAMS
@@ -30,7 +32,7 @@ from overlap_runtime.shape import Collective, SlotGemm
 from overlap_runtime.symmetric import ACK, READY, Counters, PeerBuffer
 
 BULK_GATHERED = "bulk_gathered"
-"""The peer buffer that a bulk all-gather's output ``y`` lives in on CUDA (see `_bulk_gather_ce`)."""
+"""The peer buffer that a bulk all-gather's output ``y`` lives in (see `_bulk_gather_ce`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,7 +67,8 @@ class Plan:
                 cga_size=config.cga_size,
                 high_priority=config.comm_priority is not None and config.comm_priority < 0,
             ),
-            use_ce=dev.is_cuda and config.method != Method.NONE and not sm_driven,
+            # On CPU the copy engine (emulated) runs only when asked for: use_ce unset is gloo's send/recv ring.
+            use_ce=config.method != Method.NONE and not sm_driven and (dev.is_cuda or config.use_ce is True),
             fused=config.fused,
             aggregate=config.aggregate,
             num_splits=config.num_splits or 4,
@@ -86,6 +89,8 @@ class Operands:
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
     scratch: dict[tuple[str, tuple[int, ...]], Any] = field(default_factory=dict)
+    turn: int = 0
+    """Calls that took an input set so far (`harness`): the next call takes set ``turn % sets``."""
 
     @property
     def rows(self) -> int:
@@ -105,17 +110,29 @@ class Operands:
             self.scratch[key] = torch.empty(shape, dtype=self.a.dtype, device=self.a.device)
         return self.scratch[key]
 
-    def peer_buffer(self, name: str, shape: tuple[int, ...], *, lanes: int = 1) -> PeerBuffer:
+    def peer_buffer(self, dev: Device, name: str, shape: tuple[int, ...], *, lanes: int = 1) -> PeerBuffer:
         key = (name, shape)
         if key not in self.scratch:
-            self.scratch[key] = PeerBuffer(shape, self.a.dtype, self.a.device, lanes=lanes)
+            self.scratch[key] = PeerBuffer(dev, shape, self.a.dtype, lanes=lanes)
         return self.scratch[key]
 
-    def counters(self, name: str, n: int) -> Counters:
+    def counters(self, dev: Device, name: str, n: int) -> Counters:
         key = (name, (n,))
         if key not in self.scratch:
-            self.scratch[key] = Counters(n, self.a.device)
+            self.scratch[key] = Counters(dev, n)
         return self.scratch[key]
+
+    def outputs(self) -> list[torch.Tensor]:
+        return [t for t in (self.out, self.y) if t is not None]
+
+    def poison(self, dev: Device) -> None:
+        """On the current stream: NaN into the outputs and every buffer a transfer or a chunk writes (scratch,
+        staging, this rank's side of every peer buffer: the peers' receive buffers once every rank did it), so
+        that a read of anything this call did not write shows."""
+        written = [*self.outputs(), *(t for t in self.scratch.values() if isinstance(t, torch.Tensor))]
+        written += [t.local for t in self.scratch.values() if isinstance(t, PeerBuffer)]
+        for t in written:
+            dev.fill(t, math.nan)
 
 
 class Lanes:
@@ -226,10 +243,10 @@ def _bulk(dev: Device, ops: Operands, plan: Plan) -> None:
     comm = dev.stream("comm", 0, plan.comm_priority)
     ready = dev.mark()
     with dev.on(comm):
-        dev.wait(ready)
+        dev.wait(ready, site="bulk.inputs")
         (_bulk_gather_ce if ops.gemm.collective == Collective.ALL_GATHER else _bulk_scatter_ce)(dev, ops)
     _gemm(dev, plan)(ops.a, ops.b, ops.out)
-    _join_stream(dev, comm)
+    _join_stream(dev, comm, site="bulk.join")
 
 
 def _bulk_gather_ce(dev: Device, ops: Operands) -> None:
@@ -242,19 +259,18 @@ def _bulk_gather_ce(dev: Device, ops: Operands) -> None:
     """
     assert ops.x is not None and ops.y is not None
     p, r = dev.tp, dev.rank
-    buf = ops.peer_buffer(BULK_GATHERED, tuple(ops.y.shape))
+    buf = ops.peer_buffer(dev, BULK_GATHERED, tuple(ops.y.shape))
     assert buf.local.data_ptr() == ops.y.data_ptr(), "y must live in the bulk peer buffer (make_operands)"
     e = buf.next_epoch()
     for src in _senders(dev):
-        buf.signal(src, ACK, e)
+        buf.signal(src, ACK, e, site="bulk_gather.clear")
     for d in range(1, p):
         peer = (r + d) % p
-        buf.wait(peer, ACK, e)
-        buf.peers[peer][ops.chunk(r)].copy_(ops.x, non_blocking=True)
-        buf.signal(peer, READY, e)
-    buf.local[ops.chunk(r)].copy_(ops.x, non_blocking=True)
+        buf.wait(peer, ACK, e, site="bulk_gather.cleared")
+        buf.push(peer, buf.peers[peer][ops.chunk(r)], ops.x, e, site="bulk_gather.ready")
+    dev.copy(buf.local[ops.chunk(r)], ops.x)
     for src in _senders(dev):
-        buf.wait(src, READY, e)
+        buf.wait(src, READY, e, site="bulk_gather.arrived")
 
 
 def _bulk_scatter_ce(dev: Device, ops: Operands) -> None:
@@ -262,16 +278,15 @@ def _bulk_scatter_ce(dev: Device, ops: Operands) -> None:
     arrived for our rows (the only SM work of a copy-engine reduce-scatter)."""
     assert ops.x is not None and ops.y is not None
     p, r = dev.tp, dev.rank
-    box = ops.peer_buffer("bulk_received", (p, ops.rows, ops.gemm.hidden))
+    box = ops.peer_buffer(dev, "bulk_received", (p, ops.rows, ops.gemm.hidden))
     e = box.next_epoch()
     for d in range(1, p):
         owner = (r + d) % p
-        box.wait(owner, ACK, e - 1)
-        box.peers[owner][r].copy_(ops.x[ops.chunk(owner)], non_blocking=True)
-        box.signal(owner, READY, e)
-    flag_kernels.reduce_when_ready(ops.y, ops.x[ops.chunk(r)], box.local, box.flags[:p], epoch=e, rank=r)
+        box.wait(owner, ACK, e - 1, site="bulk_scatter.acked")
+        box.push(owner, box.peers[owner][r], ops.x[ops.chunk(owner)], e, site="bulk_scatter.ready")
+    dev.reduce_when_ready(ops.y, ops.x[ops.chunk(r)], box.local, box.flags[:p], epoch=e, site="bulk_scatter.arrived")
     for src in _senders(dev):
-        box.signal(src, ACK, e)
+        box.signal(src, ACK, e, site="bulk_scatter.ack")
 
 
 def _ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
@@ -283,7 +298,7 @@ def _ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
     p, r = dev.tp, dev.rank
     gemm = _gemm(dev, plan)
     gathered = ops.gathered()
-    gathered[ops.chunk(r)].copy_(ops.a)
+    dev.copy(gathered[ops.chunk(r)], ops.a)
     comm = dev.stream("comm", 0, plan.comm_priority)
     lanes = Lanes(dev, plan.streams, plan.gemm_priority)
     start = dev.mark()
@@ -340,7 +355,7 @@ def _ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
     lanes.join()
     for work in works:
         work.wait()
-    _reduce(ops.out, parts[p - 1], list(received[: p - 1]))
+    dev.launch(lambda: _reduce(ops.out, parts[p - 1], list(received[: p - 1])))
 
 
 def _reduce(out: torch.Tensor, own: torch.Tensor, received: list[torch.Tensor]) -> None:
@@ -380,24 +395,24 @@ def _pipeline_rs(dev: Device, ops: Operands, plan: Plan) -> None:
     for j, work in enumerate(works):
         work.wait()
         if k > 1:
-            ops.out[:, j * width : (j + 1) * width].copy_(scattered[j])
+            dev.copy(ops.out[:, j * width : (j + 1) * width], scattered[j])
 
 
 def _push_shard(dev: Device, ops: Operands, plan: Plan) -> tuple[PeerBuffer, int, Any]:
     """On the comm stream: push the local shard straight into every peer's gather buffer (nearest consumer
     first) and raise its ready flag there.  Returns the buffer, the call's epoch and the comm stream."""
     g, p, r = ops.gemm, dev.tp, dev.rank
-    buf = ops.peer_buffer("gathered_peer", (g.tokens, g.k))
+    buf = ops.peer_buffer(dev, "gathered_peer", (g.tokens, g.k))
     e = buf.next_epoch()
     comm = dev.stream("comm", 0, plan.comm_priority)
     ready = dev.mark()
     with dev.on(comm):
-        dev.wait(ready)
+        dev.wait(ready, site="push_shard.inputs")
         for d in range(1, p):
             peer = (r + d) % p
-            buf.wait(peer, ACK, e - 1)  # the peer finished reading what we pushed last call
-            buf.peers[peer][ops.chunk(r)].copy_(ops.a, non_blocking=True)
-            buf.signal(peer, READY, e)
+            # the peer finished reading what we pushed last call
+            buf.wait(peer, ACK, e - 1, site="push_shard.acked")
+            buf.push(peer, buf.peers[peer][ops.chunk(r)], ops.a, e, site="push_shard.ready")
     return buf, e, comm
 
 
@@ -413,19 +428,19 @@ def _finish(dev: Device, comm: Any, buf: PeerBuffer, e: int) -> None:
     The acknowledgement is queued on ``comm`` after the join, so the op's time does not include it: memops
     behind the last kernel of the main stream ended that stream 4-5 µs later on 2 x H200 (h5120 s2048
     proj_dgrad, proj_fprop and fc2_fprop, 2026-11-30).  Nothing waits for it but the peer's next push."""
-    _join_stream(dev, comm)
+    _join_stream(dev, comm, site="finish.join")
     read = dev.mark()
     with dev.on(comm):
-        dev.wait(read)
+        dev.wait(read, site="finish.read")
         for src in _senders(dev):
-            buf.signal(src, ACK, e)
+            buf.signal(src, ACK, e, site="finish.ack")
 
 
 def _fused_ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
     """Copy-engine all-gather into one launch of our GEMM that starts on the local shard and reads each
     peer's chunk once its ready flag arrives (`ring_gemm.gather_matmul`)."""
     buf, e, comm = _push_shard(dev, ops, plan)
-    dev.gather_gemm(ops.a, buf, ops.b, ops.out, epoch=e, num_sms=plan.gemm_sms)
+    dev.gather_gemm(ops.a, buf, ops.b, ops.out, epoch=e, num_sms=plan.gemm_sms, site="fused_ag.arrived")
     _finish(dev, comm, buf, e)
 
 
@@ -437,25 +452,26 @@ def _fused_ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
         ops.rows, g.n, g.k, chunks=p, dtype=ops.a.dtype, device=ops.a.device, num_sms=plan.gemm_sms
     )
     lanes = ring_gemm.max_segments(ops.rows)
-    box = ops.peer_buffer("scattered_peer", (p, ops.rows, g.n), lanes=lanes)
+    box = ops.peer_buffer(dev, "scattered_peer", (p, ops.rows, g.n), lanes=lanes)
     parts = ops.buffer("scatter_parts", (p - 1, ops.rows, g.n))
-    counts = ops.counters("scatter_counts", (p - 1) * lanes)
+    counts = ops.counters(dev, "scatter_counts", (p - 1) * lanes)
     e = box.next_epoch()
-    start = dev.mark()
     # The kernel is queued before the pushes that wait for it: should the comm stream share a hardware queue
     # with this one (more streams than CUDA_DEVICE_MAX_CONNECTIONS), the kernel is then ahead of them.
-    dev.scatter_gemm(ops.a, ops.b, ops.out, parts=parts, counts=counts, box=box, epoch=e, plan=tiling)
+    dev.scatter_gemm(ops.a, ops.b, ops.out, parts=parts, counts=counts, box=box, epoch=e, plan=tiling,
+                     site="fused_rs.arrived")  # fmt: skip
     comm = dev.stream("comm", 0, plan.comm_priority)
+    # No wait for the main stream: the pushes read only what the counts release, into slots that the owners'
+    # acknowledgements release, and the main stream writes `parts` again only after joining them (`_finish`).
     with dev.on(comm):
-        dev.wait(start)
         for s in range(p - 1):
             owner = (r + 1 + s) % p
-            box.wait(owner, ACK, e - 1)
+            box.wait(owner, ACK, e - 1, site="fused_rs.acked")
             for j, seg in enumerate(tiling.segments):
-                counts.wait(s * len(tiling.segments) + j, seg.tiles)
+                counts.wait(s * len(tiling.segments) + j, seg.tiles, site="fused_rs.counted")
                 span = slice(seg.offset, seg.offset + seg.numel)  # contiguous in both (`ring_gemm.Segment`)
-                box.peers[owner][r].view(-1)[span].copy_(parts[s].view(-1)[span], non_blocking=True)
-                box.signal(owner, READY, e, lane=j)
+                box.push(owner, box.peers[owner][r].view(-1)[span], parts[s].view(-1)[span], e, lane=j,
+                         site="fused_rs.ready")  # fmt: skip
     _finish(dev, comm, box, e)
 
 
@@ -471,7 +487,7 @@ def _ring_ag_ce(dev: Device, ops: Operands, plan: Plan) -> None:
     for s in range(1, p):
         src = (r - s) % p
         with lanes.lane(s):
-            buf.spin(src, READY, e)
+            buf.spin(src, READY, e, site="ring_ag_ce.arrived")
             gemm(buf.local[ops.chunk(src)], ops.b, ops.out[ops.chunk(src)])
     lanes.join()
     _finish(dev, comm, buf, e)
@@ -483,7 +499,7 @@ def _ring_rs_ce(dev: Device, ops: Operands, plan: Plan) -> None:
     g, p, r = ops.gemm, dev.tp, dev.rank
     gemm = _gemm(dev, plan)
     parts = ops.buffer("parts", (p, ops.rows, g.n))
-    box = ops.peer_buffer("received_peer", (p, ops.rows, g.n))
+    box = ops.peer_buffer(dev, "received_peer", (p, ops.rows, g.n))
     e = box.next_epoch()
     comm = dev.stream("comm", 0, plan.comm_priority)
     lanes = Lanes(dev, plan.streams, plan.gemm_priority)
@@ -494,17 +510,16 @@ def _ring_rs_ce(dev: Device, ops: Operands, plan: Plan) -> None:
             done = dev.mark()
         if owner != r:
             with dev.on(comm):
-                dev.wait(done)
-                box.wait(owner, ACK, e - 1)
-                box.peers[owner][r].copy_(parts[s], non_blocking=True)
-                box.signal(owner, READY, e)
+                dev.wait(done, site="ring_rs_ce.computed")
+                box.wait(owner, ACK, e - 1, site="ring_rs_ce.acked")
+                box.push(owner, box.peers[owner][r], parts[s], e, site="ring_rs_ce.ready")
     lanes.join()
-    flag_kernels.reduce_when_ready(ops.out, parts[p - 1], box.local, box.flags[:p], epoch=e, rank=r)
+    dev.reduce_when_ready(ops.out, parts[p - 1], box.local, box.flags[:p], epoch=e, site="ring_rs_ce.arrived")
     _finish(dev, comm, box, e)
 
 
-def _join_stream(dev: Device, stream: Any) -> None:
+def _join_stream(dev: Device, stream: Any, *, site: str | None = None) -> None:
     """Order the main stream after ``stream``: the op ends when its own pushes have landed too."""
     with dev.on(stream):
         done = dev.mark()
-    dev.wait(done)
+    dev.wait(done, site=site)

@@ -1,11 +1,12 @@
-"""Peer-mapped buffers and stream-ordered flags for copy-engine communication (CUDA only).
+"""Peer-mapped buffers and stream-ordered flags for copy-engine communication.
 
-Every rank allocates the same buffer with PyTorch symmetric memory (CUDA IPC, no multicast), so each rank
-can ``copy_`` straight into a peer's buffer: a ``cudaMemcpyAsync`` that the copy engine runs without any SM.
-Readiness travels as 32-bit epoch flags written with ``cuStreamWriteValue32`` (after a system fence, no SM).
-A comm stream awaits them with ``cuStreamWaitValue32`` (`PeerBuffer.wait`: the stream stalls, no SM); a
-compute stream with a kernel that spins (`PeerBuffer.spin`, `flag_kernels`), because the kernel behind a
-memop wait starts microseconds late.  Epochs only grow, so flags never need a reset.  Flag layout per rank:
+Every rank allocates the same buffer (`Device.symmetric`: PyTorch symmetric memory on CUDA, CUDA IPC without
+multicast; shared memory on CPU, `emulation`), so each rank can copy straight into a peer's buffer: on CUDA a
+``cudaMemcpyAsync`` that the copy engine runs without any SM.  Readiness travels as 32-bit epoch flags written
+in stream order (`Device.write_flag`; CUDA: ``cuStreamWriteValue32`` after a system fence, no SM).  A comm
+stream awaits them with a stream wait (`PeerBuffer.wait`; CUDA: ``cuStreamWaitValue32``, the stream stalls,
+no SM); a compute stream with a kernel that spins (`PeerBuffer.spin`, `flag_kernels`), because the kernel
+behind a memop wait starts microseconds late.  Epochs only grow, so flags never need a reset.  Flag layout per rank:
 ``flags[READY, src]`` = last epoch whose data ``src`` pushed here; ``flags[ACK, src]`` = last epoch in which
 ``src`` finished reading what this rank pushed to it.
 """
@@ -13,13 +14,13 @@ memop wait starts microseconds late.  Epochs only grow, so flags never need a re
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed._symmetric_memory as symm_mem
 
-from overlap_runtime import flag_kernels
+if TYPE_CHECKING:
+    from overlap_runtime.device import Device
 
 READY, ACK = 0, 1
 
@@ -62,17 +63,18 @@ def _on_current_stream(op: Callable[..., tuple], address: int, value: int, flags
 
 
 class Counters:
-    """Local int32 words that a kernel bumps and a stream waits on (`stream_wait`).  They only grow, so the
-    host keeps each one's total at the end of the current call; a call adds what its kernel will add."""
+    """Local int32 words that a kernel bumps and a stream waits on (`Device.wait_flag`).  They only grow, so
+    the host keeps each one's total at the end of the current call; a call adds what its kernel will add."""
 
-    def __init__(self, n: int, device: torch.device) -> None:
-        self.words = torch.zeros(n, dtype=torch.int32, device=device)
+    def __init__(self, dev: Device, n: int) -> None:
+        self.dev = dev
+        self.words = torch.zeros(n, dtype=torch.int32, device=dev.device)
         self.totals = [0] * n
 
-    def wait(self, i: int, added: int) -> None:
+    def wait(self, i: int, added: int, *, site: str) -> None:
         """Stall the current stream until word ``i`` has grown by ``added`` in this call."""
         self.totals[i] += added
-        stream_wait(self.words.data_ptr() + 4 * i, self.totals[i])
+        self.dev.wait_flag(self.words, i, self.totals[i], site=site)
 
 
 class PeerBuffer:
@@ -82,19 +84,15 @@ class PeerBuffer:
     ``(kind, src, lane)`` is word ``(kind * world + src) * lanes + lane``).
     """
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, lanes: int = 1) -> None:
-        group = dist.group.WORLD
-        self.rank, self.world, self.lanes = dist.get_rank(), dist.get_world_size(), lanes
-        self.local = symm_mem.empty(*shape, dtype=dtype, device=device)
-        handle = symm_mem.rendezvous(self.local, group)
-        self.peers = [handle.get_buffer(p, shape, dtype) for p in range(self.world)]
-        self.flags = symm_mem.empty(2 * self.world * lanes, dtype=torch.int32, device=device)
-        """This rank's flag words, [READY per source and lane, ACK per source and lane]."""
+    def __init__(self, dev: Device, shape: tuple[int, ...], dtype: torch.dtype, *, lanes: int = 1) -> None:
+        self.dev = dev
+        self.rank, self.world, self.lanes = dev.rank, dev.tp, lanes
+        self.local, self.peers = dev.symmetric(shape, dtype)
+        self.flags, self._peer_flags = dev.symmetric((2 * self.world * lanes,), torch.int32)
+        """This rank's flag words, [READY per source and lane, ACK per source and lane], and every rank's."""
         self.flags.zero_()
-        flag_handle = symm_mem.rendezvous(self.flags, group)
-        self._flag_ptrs = list(flag_handle.buffer_ptrs)
         self.epoch = 0
-        torch.cuda.synchronize(device)
+        dev.synchronize()
         dist.barrier()
 
     def next_epoch(self) -> int:
@@ -107,21 +105,21 @@ class PeerBuffer:
         """The index of flag ``(kind, src, lane)`` in every rank's flag words."""
         return (kind * self.world + src) * self.lanes + lane
 
-    def _addr(self, owner: int, kind: int, src: int, lane: int) -> int:
-        return self._flag_ptrs[owner] + 4 * self._word(kind, src, lane)
-
-    def signal(self, peer: int, kind: int, epoch: int, lane: int = 0) -> None:
+    def signal(self, peer: int, kind: int, epoch: int, *, lane: int = 0, site: str) -> None:
         """On the current stream: set ``peer``'s flag ``(kind, self.rank, lane)`` to ``epoch`` once prior work
         is done."""
-        stream_write(self._addr(peer, kind, self.rank, lane), epoch)
+        self.dev.write_flag(self._peer_flags[peer], self._word(kind, self.rank, lane), epoch, site=site)
 
-    def wait(self, src: int, kind: int, epoch: int, lane: int = 0) -> None:
+    def push(self, peer: int, dst: torch.Tensor, src: torch.Tensor, epoch: int, *, lane: int = 0, site: str) -> None:
+        """On the current stream: copy ``src`` into ``dst`` (a view of ``peers[peer]``), then raise ``peer``'s
+        READY flag ``(self.rank, lane)`` to ``epoch``: the data is there before the flag says so."""
+        self.dev.copy(dst, src)
+        self.signal(peer, READY, epoch, lane=lane, site=site)
+
+    def wait(self, src: int, kind: int, epoch: int, *, lane: int = 0, site: str) -> None:
         """Stall the current stream until this rank's flag ``(kind, src, lane)`` reaches ``epoch``."""
-        if epoch > 0:
-            stream_wait(self._addr(self.rank, kind, src, lane), epoch)
+        self.dev.wait_flag(self.flags, self._word(kind, src, lane), epoch, site=site)
 
-    def spin(self, src: int, kind: int, epoch: int, lane: int = 0) -> None:
+    def spin(self, src: int, kind: int, epoch: int, *, lane: int = 0, site: str) -> None:
         """`wait` with a one-program kernel on the current stream: for a stream whose next op is a kernel."""
-        if epoch > 0:
-            word = self._word(kind, src, lane)
-            flag_kernels.spin(self.flags[word : word + 1], epoch)
+        self.dev.spin_flag(self.flags, self._word(kind, src, lane), epoch, site=site)

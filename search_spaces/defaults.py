@@ -11,7 +11,9 @@ unset (`check_config`).  `as_runnable` maps one to the other:
 - ``fp8_buf`` only picks the buffer dtype under FP8 quantization; the runtime runs bf16 GEMMs, so it goes.
 - TE always rotates chunk GEMMs over min(3, chunks) streams and runs cuBLAS: ``num_max_streams`` and
   ``gemm`` say so explicitly on cuda.
-- On cpu only the knobs that mean something there survive (`overlap_runtime.knobs.Knob.backends`).
+- On cpu only the knobs that mean something there survive (`overlap_runtime.knobs.Knob.backends`), and not
+  use_ce: TE's ring runs as gloo's send/recv ring there; the CPU's emulated copy engine is for tests of its
+  protocol, which ask for it by name.
 
 What has no runtime equivalent (atomic_gemm, an SM-copy ring aggregated at tp=2, num_sm above the device's)
 raises the runtime's `ConfigError`.
@@ -31,11 +33,12 @@ from search_spaces.te_dict import te_defaults, te_streams
 
 def _carried(backend: str) -> tuple[str, ...]:
     """The TE knobs the runtime copies from an entry on ``backend``: those with a meaning there, but an FP8
-    buffer, which a bf16 run drops (TE ignores it there too)."""
+    buffer, which a bf16 run drops (TE ignores it there too), and use_ce on cpu (see the module docstring)."""
+    dropped = {"method"} | ({"use_ce"} if backend == "cpu" else set())
     return tuple(
         k.name
         for k in CONFIG_KNOBS
-        if k.origin == Origin.TE and k.name != "method" and backend in k.backends and k.fp8 != Fp8Use.BUFFER
+        if k.origin == Origin.TE and k.name not in dropped and backend in k.backends and k.fp8 != Fp8Use.BUFFER
     )
 
 

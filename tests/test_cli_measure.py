@@ -61,7 +61,7 @@ def test_measure_takes_a_gated_context_parallel_shape() -> None:
         (["--layer", "proj_fprop", "--method", "pipeline", "--num-splits", "3"], "num_splits"),
         (["--layer", "proj_fprop", "--method", "bulk"], "method: bulk needs"),
         (["--layer", "qkv_fprop", "--method", "ring_exchange", "--num-sm", "4"], "num_sm: has no meaning on the cpu"),
-        (["--layer", "qkv_fprop", "--method", "ring_exchange", "--fused"], "fused: has no meaning on the cpu"),
+        (["--layer", "qkv_fprop", "--method", "ring_exchange", "--fused"], 'fused: needs gemm="triton"'),
         (["--layer", "qkv_fprop"], "method: is required (or give the whole config with --config)"),
         (["--layer", "qkv_fprop", "--config", "{method: none}"], "config: must be a JSON object"),
         (["--layer", "qkv_fprop", "--config", '["none"]'], "config: must be a JSON object"),

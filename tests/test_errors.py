@@ -16,6 +16,7 @@ import pytest
 from autotune.cli.app import exit_code
 from autotune.client import ApiError, RequestRejected
 from overlap_runtime.errors import AutotuneError, ConfigError, InputError, LeaseLost, ShapeError, TrialFailure
+from overlap_runtime.host_kernels import StreamError
 from search_spaces.presets import PresetError
 from storage.errors import Conflict, NotFound, StorageError
 
@@ -35,6 +36,7 @@ SAMPLES: list[AutotuneError] = [
     ConfigError("num_sm", "must be at most 32", 33),
     PresetError("qkv_fprop.method", "must be ring_exchange", "bulk"),
     TrialFailure("hung: no answer within 180 s"),
+    StreamError("flag word 3 stayed at 1 < 2 for 30 s"),
     LeaseLost("worker 'w' does not hold trial 3: it is complete"),
     StorageError("add_trial failed: OperationalError: database is locked"),
     NotFound("job 'abc' not found"),

@@ -1,17 +1,25 @@
-"""The kernels that wait for epoch flags themselves (`overlap_runtime.flag_kernels`), in Triton's
-interpreter: one rank's call with its peers' pushes and flags already in place."""
+"""The kernels that wait for epoch flags themselves (`overlap_runtime.flag_kernels`, and the ring kernels of
+`overlap_runtime.ring_gemm`), in Triton's interpreter: one rank's call with its peers' pushes and flags
+already in place, and with them raised by a thread only after the kernel started spinning (`late_flags`);
+compiled on a GPU, with them raised from a second stream."""
 
 from __future__ import annotations
 
-import threading
+import time
+from collections.abc import Callable
 
 import pytest
 import torch
+from compiled import run_compiled
+from late_flags import ThreadPeer, calibrated, gather_late, reduce_late, scatter_late, spin_then_copy
+from ring_cases import REL_TOL, rel_err
 from triton_interpreter import interpreted
 
 from overlap_runtime.errors import InputError
 
 flag_kernels = interpreted("overlap_runtime.flag_kernels")
+ring_gemm = interpreted("overlap_runtime.ring_gemm")
+TILES = ring_gemm.gemm.GemmTileConfig(block_m=32, block_n=64, block_k=16, num_warps=2, num_stages=1, group_m=1)
 
 ROWS, N = 37, 150  # 5550 elements: two blocks, the second ragged
 
@@ -46,26 +54,78 @@ def test_a_flag_past_the_epoch_counts_as_arrived() -> None:
     assert torch.equal(out, own + received[1])
 
 
-def test_spin_waits_for_a_flag_raised_after_it_started_and_returns_once_it_is_up() -> None:
-    """The order of events: the spin is still waiting 0.3 s after it started on a flag below the target, and
-    returns only after the flag was raised (the interpreter reads the tensor's memory on every iteration)."""
-    flag = torch.tensor([4], dtype=torch.int32)
-    events: list[str] = []
+def _late(case: Callable[[object], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``case`` with its flags raised by a thread once the kernel would have read them had it not waited
+    (`late_flags.calibrated`); asserts that the kernel returned only after the thread had written them."""
+    peer = ThreadPeer(calibrated(case))
+    started = time.perf_counter()
+    result = case(peer)
+    assert started + peer.delay_s <= peer.written < time.perf_counter()
+    return result
 
-    def spin() -> None:
-        flag_kernels.spin(flag, 5)
-        events.append("returned")
 
-    waiting = threading.Thread(target=spin, daemon=True)
-    waiting.start()
-    waiting.join(0.3)
-    assert waiting.is_alive() and not events
-    events.append("raised")
-    flag[0] = 5
-    waiting.join(60)
-    assert not waiting.is_alive()
-    assert events == ["raised", "returned"]
-    flag_kernels.spin(flag, 3)  # a flag already past the target: returns at once
+def test_spin_returns_only_once_a_thread_raised_the_flag_and_what_it_published_is_there() -> None:
+    seen, values = _late(lambda peer: spin_then_copy(flag_kernels, peer, "cpu"))
+    assert torch.equal(seen, values)
+
+
+def test_reduce_waits_for_each_source_that_arrives_after_the_launch() -> None:
+    out, want = _late(lambda peer: reduce_late(flag_kernels, peer, "cpu", sources=4, rank=2, rows=ROWS, n=N))
+    assert rel_err(out, want) <= REL_TOL[torch.float32]
+
+
+@pytest.mark.parametrize(("chunks", "rank"), [(2, 0), (4, 1)])
+def test_gather_waits_for_each_peer_chunk_that_arrives_after_the_launch(chunks: int, rank: int) -> None:
+    out, want = _late(
+        lambda peer: gather_late(
+            ring_gemm, peer, "cpu", chunks=chunks, rank=rank, shape=(32, 64, 16), config=TILES, num_sms=2
+        )
+    )
+    assert rel_err(out, want) <= REL_TOL[torch.float32]
+
+
+@pytest.mark.parametrize(("chunks", "rank"), [(2, 1), (4, 3)])
+def test_scatter_waits_for_each_segment_that_arrives_after_the_launch(chunks: int, rank: int) -> None:
+    # 64 rows of 32-row tiles (group_m 1: two row groups) by one tile column: two segments per partial
+    out, want = _late(
+        lambda peer: scatter_late(
+            ring_gemm, peer, "cpu", chunks=chunks, rank=rank, shape=(64, 64, 16), config=TILES, num_sms=2, col_groups=1
+        )
+    )
+    assert rel_err(out, want) <= REL_TOL[torch.float32]
+
+
+_CUDA_LATE_FLAGS = """
+import sys
+import torch
+sys.path.insert(0, "tests")
+from late_flags import StreamPeer, gather_late, reduce_late, scatter_late, spin_then_copy
+from ring_cases import rel_err
+from overlap_runtime import flag_kernels, ring_gemm
+
+torch.cuda.set_stream(torch.cuda.Stream())  # not the legacy default stream, which waits for every other one
+# a kernel takes microseconds here: 0.2 s of sleep ahead of the writes is late for any of them
+seen, values = spin_then_copy(flag_kernels, StreamPeer(0.2), "cuda")
+assert torch.equal(seen, values), "spin"
+out, want = reduce_late(flag_kernels, StreamPeer(0.2), "cuda", sources=4, rank=2, rows=37, n=150)
+assert rel_err(out, want) <= 1e-5, "reduce"
+# few programs, so the second stream's copies find free SMs beside the spinning ones
+for chunks, rank in ((2, 0), (4, 1)):
+    out, want = gather_late(ring_gemm, StreamPeer(0.2), "cuda", chunks=chunks, rank=rank, shape=(256, 512, 256),
+                            config=None, num_sms=4)
+    assert rel_err(out, want) <= 1e-2, ("gather", chunks, rank)
+    out, want = scatter_late(ring_gemm, StreamPeer(0.2), "cuda", chunks=chunks, rank=rank, shape=(256, 512, 256),
+                             config=None, num_sms=4, col_groups=2)
+    assert rel_err(out, want) <= 1e-2, ("scatter", chunks, rank)
+print("late flags ok")
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_flag_kernels_wait_for_flags_raised_from_another_stream() -> None:
+    """The compiled kernels in a fresh process without TRITON_INTERPRET: a second stream writes the data and
+    raises the flags behind a ~0.2 s sleep while the kernel spins."""
+    run_compiled(_CUDA_LATE_FLAGS)
 
 
 @pytest.mark.parametrize(

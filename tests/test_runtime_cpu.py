@@ -19,6 +19,7 @@ from overlap_runtime.runtime import Runtime
 from overlap_runtime.shape import EXTERNAL_SLOTS, Collective, ModelShape, Slot
 
 TUNED_SLOTS = [s for s in Slot if s not in EXTERNAL_SLOTS]
+RX_TRITON = {"method": "ring_exchange", "gemm": "triton"}
 
 
 def shape_for(tp: int) -> ModelShape:
@@ -26,9 +27,11 @@ def shape_for(tp: int) -> ModelShape:
 
 
 def candidate_configs() -> list[OverlapConfig]:
-    """Every method with representative knob values, legal or not for a given slot."""
-    configs = [OverlapConfig(method="none"), OverlapConfig(method="bulk")]
+    """Every method with representative knob values, legal or not for a given slot: the copy-engine and fused
+    ones on the emulated GPU (`overlap_runtime.emulation`)."""
+    configs = [OverlapConfig(method="none"), OverlapConfig(method="bulk"), OverlapConfig(method="bulk", use_ce=True)]
     configs += [OverlapConfig(method="ring_exchange", aggregate=agg) for agg in (False, True)]
+    configs += [OverlapConfig(method="ring_exchange", use_ce=True), OverlapConfig(**RX_TRITON, fused=True)]
     configs += [
         OverlapConfig(method="pipeline", num_splits=k, pipeline_rs_overlap_first_gemm=first)
         for k, first in itertools.product((1, 2, 4), (False, True))
@@ -75,7 +78,7 @@ def test_every_legal_method_reproduces_the_serial_result(runtime: Runtime, slot:
         ("proj_fprop", OverlapConfig(method="pipeline", num_splits=3), "num_splits", "divide the output width"),
         ("qkv_fprop", OverlapConfig(method="ring_exchange", num_splits=3), "num_splits", "always runs tp="),
         ("proj_fprop", OverlapConfig(method="pipeline", num_sm=8), "num_sm", "no meaning on the cpu backend"),
-        ("qkv_fprop", OverlapConfig(method="ring_exchange", use_ce=True), "use_ce", "no meaning on the cpu"),
+        ("qkv_fprop", OverlapConfig(method="ring_exchange", num_max_streams=2), "num_max_streams", "no meaning on"),
         ("proj_fprop", OverlapConfig(method="ring_exchange", atomic_gemm=True), "atomic_gemm", "FP8"),
         ("proj_fprop", OverlapConfig(method="bulk", aggregate=True), "method", "bulk needs"),
         ("qkv_dgrad", OverlapConfig(method="bulk", num_splits=2), "num_splits", "only pipeline and ring_exchange"),
@@ -87,9 +90,6 @@ def test_illegal_config_gets_its_specific_error(slot: str, config: OverlapConfig
         check_config(config, problem(shape_for(2), Slot(slot), config.method), backend="cpu")
     assert info.value.field == field
     assert rule in str(info.value)
-
-
-RX_TRITON = {"method": "ring_exchange", "gemm": "triton"}
 
 
 @pytest.mark.parametrize(
@@ -127,18 +127,24 @@ def test_a_fused_ring_runs_on_cuda_only_and_never_aggregated() -> None:
         check_config(OverlapConfig(**RX_TRITON, fused=True, aggregate=True), gemm, backend="cuda")
 
 
-def test_an_aggregated_ring_on_cuda_is_the_send_recv_ring() -> None:
+def test_an_aggregated_ring_is_the_send_recv_ring() -> None:
     aggregated = OverlapConfig(method="ring_exchange", aggregate=True)
     gemm = problem(shape_for(4), Slot.QKV_FPROP, aggregated.method)
-    check_config(aggregated, gemm, backend="cpu")  # gloo's ring: nothing to choose
-    for use_ce in (None, True):  # the copy engine's all-gather, the default on cuda, has no steps to pair
+    check_config(aggregated, gemm, backend="cpu")  # use_ce unset on cpu: gloo's ring
+    # the copy engine's all-gather (the default on cuda, asked for on cpu) has no steps to pair
+    for backend, use_ce in (("cuda", None), ("cuda", True), ("cpu", True)):
         with pytest.raises(ConfigError) as info:
-            check_config(OverlapConfig(method="ring_exchange", aggregate=True, use_ce=use_ce), gemm, backend="cuda")
+            check_config(OverlapConfig(method="ring_exchange", aggregate=True, use_ce=use_ce), gemm, backend=backend)
         assert info.value.field == "aggregate" and "use_ce=false" in str(info.value)
     check_config(OverlapConfig(method="ring_exchange", aggregate=True, use_ce=False), gemm, backend="cuda")
-    with pytest.raises(ConfigError) as info:
-        check_config(OverlapConfig(method="ring_exchange", fused=True), gemm, backend="cpu")
-    assert info.value.field == "fused" and "cpu backend" in str(info.value)
+
+
+def test_the_cpu_backend_runs_the_copy_engine_and_fused_rings_it_emulates() -> None:
+    gemm = problem(shape_for(2), Slot.PROJ_FPROP, "ring_exchange")
+    for config in (OverlapConfig(method="ring_exchange", use_ce=True), OverlapConfig(**RX_TRITON, fused=True)):
+        check_config(config, gemm, backend="cpu")
+    with pytest.raises(ConfigError, match="no meaning on the cpu backend"):
+        check_config(OverlapConfig(**RX_TRITON, fused=True, set_sm_margin=True, num_sm=8), gemm, backend="cpu")
 
 
 def test_aggregate_needs_tp_four() -> None:
@@ -312,7 +318,7 @@ def test_cached_baselines_are_timed_once_per_problem_and_say_so(runtime: Runtime
 
 def _numerics_of_broken_methods(ctx) -> tuple[float, float, float]:
     """The harness's check on three 'methods': a correct one, one that forgets a chunk, one that drops a rank's
-    partial sums (the classic reduce-scatter bug)."""
+    partial sums (the classic reduce-scatter bug).  Their work is queued on the current stream, as a method's."""
     import torch
 
     from overlap_runtime.harness import _Candidate, _check_numerics, device_of, make_operands
@@ -326,11 +332,11 @@ def _numerics_of_broken_methods(ctx) -> tuple[float, float, float]:
     class Forgets(_Candidate):
         def call(self, dev) -> None:
             serial(dev, self.ops)
-            self.ops.out[: self.ops.rows // 2] = torch.nan  # as if half a chunk was never written
+            dev.fill(self.ops.out[: self.ops.rows // 2], torch.nan)  # as if half a chunk was never written
 
     class DropsPartials(_Candidate):
         def call(self, dev) -> None:
-            torch.mm(self.ops.a[self.ops.chunk(dev.rank)], self.ops.b, out=self.ops.out)  # no sum over ranks
+            dev.library_gemm(self.ops.a[self.ops.chunk(dev.rank)], self.ops.b, self.ops.out)  # no sum over ranks
 
     plan = Plan.resolve(config, dev)
     return tuple(

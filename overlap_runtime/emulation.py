@@ -1,0 +1,231 @@
+"""The CPU backend: a `device.Device` that emulates a GPU's streams, events, symmetric memory and flag memops,
+so that the copy-engine and fused methods run their ordering logic (flags, epochs, acknowledgements,
+staging) on CPU, and a missing wait or an early flag gives wrong numbers there as it would on the GPU.
+
+- Streams (`HostStream`): a thread each, running the work queued on it in order; the host only queues, as
+  with CUDA.  Events (`HostEvent`) are recorded and awaited in stream order, and carry the time they were
+  recorded (`device.Timer`).  The rank's main stream is one of them.
+- Symmetric memory: every rank maps every rank's buffer, a file in shared memory created once per buffer and
+  unlinked once all ranks mapped it (`HostDevice.symmetric`).  A copy into a peer's buffer is a memcpy into
+  its mapping; the "copy engine" is the comm stream's thread.
+- Flags are int32 words of such buffers: a write is queued in stream order, a wait (stream memop or spinning
+  kernel alike) blocks its stream until the word reaches the value, polling it, for at most `WAIT_LIMIT_S`
+  (a flag that never comes fails the call instead of hanging it).  Stores and loads of x86 are not
+  reordered against each other (TSO), so data written before a flag is visible to the reader that saw it.
+- Collectives (gloo) run on one "NCCL" stream per communicator in the order the host issued them, each
+  once the issuing stream reached it, as NCCL's own stream does; ``Work.wait`` makes the current stream wait.
+- Kernels that wait for flags themselves run as host code with the same waits and counts (`host_kernels`).
+- Under `Device.jittered` every queued op may first sleep a random while (`races.Jitter`), so streams and
+  ranks overtake each other in ever different orders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import queue
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from overlap_runtime import host_kernels
+from overlap_runtime.device import CommOptions, Device, Kernels, Work
+from overlap_runtime.host_kernels import WAIT_LIMIT_S, StreamError, wait_until
+from overlap_runtime.races import Jitter
+
+SHARED_DIRS = (Path("/dev/shm"), Path(tempfile.gettempdir()))
+"""Where the files of `HostDevice.symmetric` live (briefly: they are unlinked once mapped): shared memory
+where it has room for every rank's file twice over (containers often get 64 MB of it), else a file whose
+pages the ranks share through the page cache."""
+
+
+def _shared_dir(nbytes: int) -> Path:
+    for path in SHARED_DIRS:
+        if path.is_dir():
+            stat = os.statvfs(path)
+            if stat.f_bavail * stat.f_frsize >= 2 * nbytes:
+                return path
+    return SHARED_DIRS[-1]
+
+
+def _after(delay_s: float, work: Callable[[], Any]) -> Callable[[], None]:
+    def delayed() -> None:
+        time.sleep(delay_s)
+        work()
+
+    return delayed
+
+
+class HostEvent:
+    """A point in a stream's order: set when the stream has run everything queued before it."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.time = math.nan
+        """`time.perf_counter` when recorded."""
+
+    def record(self) -> None:
+        self.time = time.perf_counter()
+        self._done.set()
+
+    def wait(self) -> None:
+        if not self._done.wait(WAIT_LIMIT_S):
+            raise StreamError(f"an event was not recorded within {WAIT_LIMIT_S:g} s")
+
+
+class HostStream:
+    """A queue of work that one thread runs in order.  An op that raises does not stop the stream (later
+    work runs as if it had returned); the error is kept for the host's next `HostDevice.synchronize`."""
+
+    def __init__(self, name: str, *, rank: int) -> None:
+        self.name = name
+        """"main", "nccl", or the name `HostDevice.stream` was given."""
+        self._queue: queue.SimpleQueue[Callable[[], Any]] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        threading.Thread(
+            target=self._run, args=(torch.get_num_threads(),), name=f"rank{rank}-{name}", daemon=True
+        ).start()
+
+    def submit(self, work: Callable[[], Any]) -> None:
+        self._queue.put(work)
+
+    def _run(self, threads: int) -> None:
+        # OpenMP's thread count is per thread: without this a stream's matmuls would use every core, and
+        # oversubscribed cores made a tiny GEMM take 40-70 ms.
+        torch.set_num_threads(threads)
+        while True:
+            work = self._queue.get()
+            try:
+                work()
+            except BaseException as e:
+                if self.error is None:
+                    self.error = e
+
+
+class HostDevice(Device):
+    """The primitives of one rank on CPU, emulated (see the module docstring)."""
+
+    is_cuda = False
+    kernels = Kernels.of(host_kernels, host_kernels)
+    jitter = Jitter(chance=0.3, max_s=0.5e-3, slow_s=2e-3)
+    """Random delays of up to 0.5 ms, 2 ms before every op of a slowed stream: many times a small op's own run
+    time on CPU."""
+
+    def __init__(self, *, rank: int, tp: int, device: torch.device) -> None:
+        super().__init__(rank=rank, tp=tp, device=device)
+        self._main = HostStream("main", rank=rank)
+        self._current = self._main
+        self._streams: dict[tuple[str, int, int], HostStream] = {}
+        self._comm_streams: dict[CommOptions, HostStream] = {}
+
+    def _all_streams(self) -> list[HostStream]:
+        return [self._main, *self._streams.values(), *self._comm_streams.values()]
+
+    def stream(self, name: str, index: int = 0, priority: int = 0) -> HostStream:
+        key = (name, index, priority)  # a priority means nothing to a thread, but names a stream of its own
+        if key not in self._streams:
+            self._streams[key] = HostStream(name, rank=self.rank)
+        return self._streams[key]
+
+    @contextlib.contextmanager
+    def on(self, stream: HostStream) -> Iterator[None]:
+        previous, self._current = self._current, stream
+        try:
+            yield
+        finally:
+            self._current = previous
+
+    def _submit(self, work: Callable[[], Any], stream: HostStream | None = None) -> None:
+        stream = stream or self._current
+        delay = self._delay_s(stream.name)
+        stream.submit(_after(delay, work) if delay else work)
+
+    def launch(self, work: Callable[[], Any]) -> None:
+        self._submit(work)
+
+    def _paced(self) -> dict[str, Any]:
+        if self._draws is None:
+            return {}
+        return {"pause": self._draws.pauses(self.jitter.slow_s if self._current.name == self._slow else 0.0)}
+
+    def mark(self) -> HostEvent:
+        event = HostEvent()
+        self._submit(event.record)
+        return event
+
+    def _wait_event(self, mark: HostEvent) -> None:
+        self._submit(mark.wait)
+
+    def synchronize(self) -> None:
+        for stream in self._all_streams():
+            done = HostEvent()
+            stream.submit(done.record)
+            done.wait()
+        for stream in self._all_streams():
+            if stream.error is not None:
+                error, stream.error = stream.error, None
+                raise StreamError(f"{type(error).__name__} on stream {stream.name}: {error}") from error
+
+    def gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str) -> None:
+        self.launch(lambda: torch.mm(a, b, out=out))  # any GEMM kind: only the order of the work matters here
+
+    def symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Files in shared memory, one per rank, that every rank maps (all ranks call this together)."""
+        self.synchronize()  # what is in flight may use the group that the collectives below use
+        numel = math.prod(shape)
+        # rank 0 names the files (one per rank) and picks where they go, for every rank alike
+        where = [_shared_dir(self.tp * numel * dtype.itemsize) / f"overlap-{os.getpid()}-{secrets.token_hex(4)}"]
+        dist.broadcast_object_list(where, src=0)
+
+        def mapped(rank: int) -> torch.Tensor:
+            path = f"{where[0]}-{rank}"
+            return torch.from_file(path, shared=True, size=numel, dtype=dtype).view(shape)
+
+        local = mapped(self.rank)  # creates the file, zeroed
+        dist.barrier()
+        peers = [local if p == self.rank else mapped(p) for p in range(self.tp)]
+        dist.barrier()
+        Path(f"{where[0]}-{self.rank}").unlink()
+        return local, peers
+
+    def _write_flag(self, words: torch.Tensor, index: int, value: int, *, early: bool) -> None:
+        word = words.numpy()
+
+        def write() -> None:
+            word[index] = value
+
+        if early:
+            write()
+        else:
+            self._submit(write)
+
+    def _wait_flag(self, words: torch.Tensor, index: int, value: int) -> None:
+        self._submit(lambda: wait_until(words, index, value))
+
+    def _collective(self, options: CommOptions, issue: Callable[[Any], list[Any]]) -> Work:
+        group = self.group(options)
+        if options not in self._comm_streams:
+            self._comm_streams[options] = HostStream("nccl", rank=self.rank)
+        issued, done = self.mark(), HostEvent()
+
+        def run() -> None:
+            issued.wait()
+            for work in issue(group):
+                work.wait()
+            done.record()
+
+        self._submit(run, self._comm_streams[options])
+        return Work([lambda: self._wait_event(done)])
+
+    def align(self, host_ms: float = 0.0) -> None:
+        """Start all ranks together: every stream idle, then a barrier."""
+        self.synchronize()
+        dist.barrier()
