@@ -69,7 +69,9 @@ def pid_of(holder: str) -> int:
 
 
 def test_serve_with_two_api_processes_runs_a_job_with_exactly_one_scheduling(make_service, sqlite_url: str) -> None:
-    service = make_service(db_url=sqlite_url)
+    # The lease of production (10 s), not the tests' 3 s: this checks that one process schedules, and on a loaded
+    # machine a 3 s lease can run out between two renewals and pass to the other process, as it is meant to.
+    service = make_service(db_url=sqlite_url, env={"AUTOTUNE_LEADER_TTL_S": "10"})
     service.start_controller(extra=["--workers", "2", "--log-level", "info"])
     assert service.controller is not None
     serve_pid = service.controller.popen.pid
