@@ -16,7 +16,7 @@ import pytest
 import storage
 from api.schemas import TrialPublic
 from api.views import trial_view
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import Method
 from overlap_runtime.measurement import Baselines, BaselineSource, Measurement
 from overlap_runtime.shape import Collective, ModelShape, Slot
 from overlap_runtime.uncertainty import Series
@@ -66,7 +66,9 @@ def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> Non
         holders = [
             t
             for t in trials
-            if t.slot == layer.slot and t.state == "complete" and (layer.config, layer.measurement) in measured_pairs(t)
+            if t.slot == layer.slot
+            and t.state == "complete"
+            and (layer.config.model_dump(), layer.measurement) in measured_pairs(t)
         ]
         assert holders, f"{layer.slot}: the best config was not measured by any stored trial"
         valid = [m["overlap_ms"] for _, m in measured_pairs(holders[0]) if m["valid"]]
@@ -75,11 +77,12 @@ def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> Non
         assert slot_view.best.final and slot_view.best.config == layer.config
         assert slot_view.best.trial_id == holders[0].id
         carried = layer.config
-        if layer.config["method"] == Method.NONE:
-            carried = layer.outcome["best_overlap"]
+        if layer.config.method == Method.NONE:
+            assert layer.outcome is not None and layer.outcome.best_overlap is not None
+            carried = layer.outcome.best_overlap
             assert f"# {layer.slot}: no overlap was" in preset.text
         slot = Slot(layer.slot)
-        assert yaml_configs[slot] == te_config(slot, OverlapConfig.from_dict(carried))
+        assert yaml_configs[slot] == te_config(slot, carried.to_config())
 
 
 def assert_each_trial_claimed_once(trials: list[TrialPublic]) -> None:
