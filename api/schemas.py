@@ -176,8 +176,8 @@ class JobCreate(Strict):
         | None
     ) = None
     """Configs to measure first, per slot (TE's names, slots the job tunes): with the baselines, before the
-    search proposes anything.  Each must be one the slot's search space holds on the job's backend, else a
-    422 names the slot and the knob.  They seed a study when it is created: a shape, slot and GPU model
+    search proposes anything.  Each must be one the runtime runs for the slot on the job's backend, else a
+    422 names the slot and the knob; one outside the slot's search space is measured as given.  They seed a study when it is created: a shape, slot and GPU model
     already tuned keep the study they have."""
 
 

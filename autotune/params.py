@@ -14,11 +14,15 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from overlap_runtime.config import Method, OverlapConfig
-from overlap_runtime.errors import InputError
+from overlap_runtime.errors import ConfigError, InputError
 from search_spaces.space import SlotSpace
 
 METHOD = "method"
 """The param holding the method; every other param is named after its knob."""
+OUTSIDE = "outside_space"
+"""The user attr of a trial whose config its space does not hold (one a job asked to measure first): why not,
+as `SlotSpace.choices_for` says it.  Such a trial has no params, so neither TPE's model nor the sampler sees
+it; its config is its ``config`` user attr, as every trial's (`autotune.history.CONFIG`)."""
 
 
 def distributions(space: SlotSpace) -> dict[str, CategoricalDistribution]:
@@ -44,6 +48,16 @@ def params_of(space: SlotSpace, config: OverlapConfig) -> dict[str, Any]:
     if choices is None:
         raise InputError("config", f"is not in the search space of {space.slot.value}", config.to_dict())
     return {METHOD: config.method.value, **choices}
+
+
+def trial_params(space: SlotSpace, config: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """(params, user attrs) of a trial that measures ``config``: the params that walk to it, or none and the
+    `OUTSIDE` mark where ``space`` does not hold it."""
+    try:
+        choices = space.choices_for(config)
+    except ConfigError as e:
+        return {}, {OUTSIDE: str(e)}
+    return {METHOD: config.method.value, **choices}, {}
 
 
 def config_of(space: SlotSpace, params: Mapping[str, Any]) -> OverlapConfig | None:
