@@ -13,16 +13,13 @@ from typing import Any
 
 from optuna.distributions import CategoricalDistribution
 
+from autotune.history import OUTSIDE
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import ConfigError, InputError
 from search_spaces.space import SlotSpace
 
 METHOD = "method"
 """The param holding the method; every other param is named after its knob."""
-OUTSIDE = "outside_space"
-"""The user attr of a trial whose config its space does not hold (one a job asked to measure first): why not,
-as `SlotSpace.choices_for` says it.  Such a trial has no params, so neither TPE's model nor the sampler sees
-it; its config is its ``config`` user attr, as every trial's (`autotune.history.CONFIG`)."""
 
 
 def distributions(space: SlotSpace) -> dict[str, CategoricalDistribution]:

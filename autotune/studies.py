@@ -16,7 +16,7 @@ restarts rebuilds a `SlotStudy` by constructing it again with the same storage a
    the configs (study user attr ``finalists``) are re-measured interleaved with more repeats.  Its
    proposal number is that trial's number like any other; it runs without params and, once told, takes
    the winner's params and re-measured time, so every COMPLETE trial of a study holds the params of a config
-   of its space, or none and the mark of a config outside it (`autotune.params.OUTSIDE`).
+   of its space, or none and the mark of a config outside it (`autotune.history.OUTSIDE`).
    A lost or failed batch is asked again, up to `FINALIST_ATTEMPTS` times, then the search's numbers decide.
 5. Decided: study user attr ``decision`` holds the `SlotOutcome` (None when no config ran correctly).
 
@@ -42,6 +42,7 @@ from autotune.history import (
     FAILURE,
     MEASUREMENT,
     MEASUREMENTS,
+    OUTSIDE,
     PROPOSAL,
     PURPOSE,
     REQUEUED,
@@ -49,7 +50,7 @@ from autotune.history import (
     Record,
 )
 from autotune.outcome import SlotOutcome
-from autotune.params import OUTSIDE, distributions, trial_params, walk
+from autotune.params import distributions, trial_params, walk
 from autotune.proposal import Proposal, Purpose
 from autotune.sampler import SlotSampler
 from overlap_runtime.config import DeviceLimits, OverlapConfig
