@@ -39,8 +39,8 @@ class Baseline:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Baselines:
     configs: tuple[Baseline, ...]
-    """Distinct configs in the order the sampler proposes them: none, TE default, preset, the configs to
-    measure first, warm starts."""
+    """Distinct configs in this order: none, TE default, preset, the configs to measure first, warm starts
+    (the sampler proposes those of the space in this order; any outside it wait, enqueued, ahead of them)."""
     skipped: tuple[str, ...]
     """One line per baseline left out, saying why."""
 

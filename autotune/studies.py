@@ -111,8 +111,7 @@ class SlotStudy:
 
     ``measure_first`` and ``warm_start`` join the baselines only when the study is created (a config to
     measure first needs only to run here: one outside the space is measured as given); ``n_trials`` and
-    ``patience`` are read
-    on every ask, so a restart may change them.  A decided study stays decided.  ``sampler`` replaces the
+    ``patience`` are read on every ask, so a restart may change them.  A decided study stays decided.  ``sampler`` replaces the
     `SlotSampler` (``seed`` seeds only that one); any Optuna sampler will do, e.g. `RandomSampler`, though
     only a `SlotSampler` proposes the baselines and never measures a config twice.
     """
