@@ -17,10 +17,17 @@ from fastapi import Depends, Query
 from sqlalchemy.orm import Session
 
 import storage
-from api.schemas import BestGroup, BestLayer, NearestPublic, ShapeLookup
+from api.schemas import (
+    BestGroup,
+    BestLayer,
+    NearestLayer,
+    NearestPublic,
+    OutcomePublic,
+    OverlapConfigBody,
+    ShapeLookup,
+    TeEntryBody,
+)
 from autotune.gpu import gpu_matches, preset_gpu_name
-from autotune.outcome import SlotOutcome
-from overlap_runtime.config import OverlapConfig
 from overlap_runtime.errors import InputError, ShapeError
 from overlap_runtime.shape import ModelShape, Slot, shape_fields
 from search_spaces import Preset, PresetRegistry, SlotResult, preset_from_results
@@ -66,8 +73,7 @@ ShapeQueryDep = Annotated[ShapeQuery, Depends(shape_query)]
 
 def measured_groups(*, session: Session, query: ShapeQuery) -> list[BestGroup]:
     """The stored winners for the shape, one group per GPU model and shape key, slots in catalog order."""
-    s = query.shape
-    rows = storage.get_best(session=session, hidden=s.hidden, tp=s.tp, mbs=s.mbs, seq=s.seq, dtype=query.dtype)
+    rows = storage.get_best(session=session, shape=query.shape, dtype=query.dtype)
     rows = [r for r in rows if query.matches(ModelShape(**r.shape))]
     if query.gpu is not None:
         rows = [r for r in rows if gpu_matches(r.gpu, query.gpu)]
@@ -91,15 +97,15 @@ def _layer(row: BestConfig) -> BestLayer:
     outcome = (row.spread or {}).get("outcome")
     return BestLayer(
         slot=row.slot,
-        config=row.config,
+        config=OverlapConfigBody.model_validate(row.config),
         measurement=row.measurement,
-        outcome=outcome,
+        outcome=None if outcome is None else OutcomePublic.model_validate(outcome),
         job_id=row.job_id,
         updated_at=row.updated_at,
     )
 
 
-def nearest(*, registry: PresetRegistry, query: ShapeQuery) -> tuple[Preset, NearestPublic, list[BestLayer]]:
+def nearest(*, registry: PresetRegistry, query: ShapeQuery) -> tuple[Preset, NearestPublic, list[NearestLayer]]:
     """The nearest known preset, described, with its per-slot TE entries (and no measurement)."""
     gpu = None if query.gpu is None else preset_gpu_name(query.gpu) or query.gpu.lower()
     preset, distance = registry.nearest(query.shape, gpu=gpu, dtype=query.dtype)
@@ -111,7 +117,12 @@ def nearest(*, registry: PresetRegistry, query: ShapeQuery) -> tuple[Preset, Nea
         dtype=preset.dtype,
     )
     layers = [
-        BestLayer(slot=slot.value, config=te_entry(slot, config), measurement=None, note=preset.notes.get(slot))
+        NearestLayer(
+            slot=slot.value,
+            config=TeEntryBody.model_validate(te_entry(slot, config)),
+            measurement=None,
+            note=preset.notes.get(slot),
+        )
         for slot, config in preset.configs.items()
     ]
     return preset, described, layers
@@ -128,9 +139,9 @@ def _slot_result(layer: BestLayer) -> SlotResult:
     """The export input of one stored winner; without the tuner's outcome (a winner recorded by another writer,
     such as an older `autotune tune`), only the winner itself is known, and the export rule says so."""
     if layer.outcome is not None:
-        return SlotOutcome.from_dict(layer.outcome).slot_result()
+        return layer.outcome.to_outcome().slot_result()
     best_ms = (layer.measurement or {}).get("overlap_ms")
-    return SlotResult(best=OverlapConfig.from_dict(layer.config), best_ms=math.inf if best_ms is None else best_ms)
+    return SlotResult(best=layer.config.to_config(), best_ms=math.inf if best_ms is None else best_ms)
 
 
 def one_group(groups: list[BestGroup]) -> BestGroup:

@@ -283,10 +283,8 @@ class Scheduler:
                 backend=job.backend.value,
                 limits=_limits(session=session, gpu=gpu),
                 n_trials=job.n_trials,
-                warm_start=(
-                    *storage.first_configs(job, study.slot),
-                    *neighbour_winners(session=session, gpu=gpu, shape=_shape(job), slot=Slot(study.slot)),
-                ),
+                measure_first=storage.first_configs(job, study.slot),
+                warm_start=neighbour_winners(session=session, gpu=gpu, shape=_shape(job), slot=Slot(study.slot)),
             ),
         )
         if slot.study.name != study.optuna_study_name:

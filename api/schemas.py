@@ -12,13 +12,14 @@ import dataclasses
 from dataclasses import MISSING
 from datetime import datetime
 from types import NoneType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from autotune.outcome import SlotOutcome
 from autotune.proposal import Proposal, Purpose
 from overlap_runtime.config import DEFAULTS, OverlapConfig
-from overlap_runtime.knobs import BY_NAME, Knob
+from overlap_runtime.knobs import BY_NAME, KNOBS, Knob, Origin
 from overlap_runtime.shape import ModelShape, ShapeField, shape_fields
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._()/:+-]*$"
@@ -80,12 +81,18 @@ class ConfigBody(Strict):
         return OverlapConfig.from_dict(self.model_dump())
 
 
-def _knob_field(knob: Knob) -> tuple[Any, Any]:
-    """(annotation, pydantic field) of ``knob``: its kind, range and help from the table; a knob at its unset
-    value is left out of the JSON, as `OverlapConfig.to_dict` leaves it out."""
+def _knob_type(knob: Knob) -> Any:
+    """The type of a set value of ``knob``: its kind and range from the table."""
     annotation: Any = Literal[knob.choices] if knob.choices else knob.value_type
     if knob.bounds is not None:
         annotation = Annotated[annotation, Field(ge=knob.bounds[0], le=knob.bounds[1])]
+    return annotation
+
+
+def _knob_field(knob: Knob) -> tuple[Any, Any]:
+    """(annotation, pydantic field) of ``knob``: its kind, range and help from the table; a knob at its unset
+    value is left out of the JSON, as `OverlapConfig.to_dict` leaves it out."""
+    annotation = _knob_type(knob)
     if knob.name not in DEFAULTS:
         return annotation, Field(description=knob.help)
     unset = DEFAULTS[knob.name]
@@ -103,6 +110,29 @@ else:
         __doc__=ConfigBody.__doc__,
         # In the fields' order, which `to_dict` writes: the JSON stays as the service always served it.
         **{f.name: _knob_field(BY_NAME[f.name]) for f in dataclasses.fields(OverlapConfig)},
+    )
+
+
+def _te_key_field(knob: Knob) -> tuple[Any, Any]:
+    """(annotation, pydantic field) of a TE key: method always, any other key where the entry gives it."""
+    if knob.name == "method":
+        return _knob_type(knob), Field(description=knob.help)
+    return _knob_type(knob) | None, Field(None, description=knob.help, exclude_if=lambda value: value is None)
+
+
+class TeEntry(Strict):
+    """One TE ``ub_cfgs`` entry as `search_spaces.te_dict.te_entry` writes it: every key the method reads,
+    TE's defaults included, in the order NVIDIA's files write them (no ``is_reduce_scatter``)."""
+
+
+if TYPE_CHECKING:
+    TeEntryBody = TeEntry
+else:
+    TeEntryBody = create_model(
+        "TeEntryBody",
+        __base__=TeEntry,
+        __doc__=TeEntry.__doc__,
+        **{knob.name: _te_key_field(knob) for knob in KNOBS if knob.origin == Origin.TE and knob.field},
     )
 
 
@@ -146,8 +176,8 @@ class JobCreate(Strict):
         | None
     ) = None
     """Configs to measure first, per slot (TE's names, slots the job tunes): with the baselines, before the
-    search proposes anything.  Each must be one the slot's search space holds on the job's backend, else a
-    422 names the slot and the knob.  They seed a study when it is created: a shape, slot and GPU model
+    search proposes anything.  Each must be one the runtime runs for the slot on the job's backend, else a
+    422 names the slot and the knob; one outside the slot's search space is measured as given.  They seed a study when it is created: a shape, slot and GPU model
     already tuned keep the study they have."""
 
 
@@ -241,16 +271,51 @@ class TrialsPage(BaseModel):
     next_offset: int | None
 
 
-class BestLayer(BaseModel):
+class OutcomePublic(BaseModel):
+    """`autotune.outcome.SlotOutcome.to_dict()`: the tuner's verdict on one slot."""
+
     slot: str
-    config: dict[str, Any]
+    best: OverlapConfigBody
+    best_measurement: dict[str, Any]
+    best_overlap: OverlapConfigBody | None = None
+    """The fastest config that overlaps (what a preset carries when no overlap wins); may equal best."""
+    best_overlap_measurement: dict[str, Any] | None = None
+    te_default_measurement: dict[str, Any] | None = None
+    """TE's default config re-measured with the finalists; None when it failed or was not run."""
+    spread: float
+    n_trials: int
+    n_failed: int
+    notes: list[str] = []
+    gain_vs_te_default: float | None = None
+    gain_vs_serial: float
+
+    def to_outcome(self) -> SlotOutcome:
+        return SlotOutcome.from_dict(self.model_dump())
+
+
+Config = TypeVar("Config", bound=BaseModel)
+
+
+class SlotAnswer(BaseModel, Generic[Config]):
+    """One slot of an answer to "what is the best config for this shape"."""
+
+    slot: str
+    config: Config
     measurement: dict[str, Any] | None
     """The winner's measurement; None in a nearest-shape answer (nothing was measured for this shape)."""
-    outcome: dict[str, Any] | None = None
+    outcome: OutcomePublic | None = None
     """The tuner's verdict: the best overlap config, TE's default re-measured, spread, gains, trial counts."""
     job_id: str | None = None
     updated_at: datetime | None = None
     note: str | None = None
+
+
+class BestLayer(SlotAnswer[OverlapConfigBody]):
+    """A stored winner of a slot, as measured."""
+
+
+class NearestLayer(SlotAnswer[TeEntryBody]):
+    """The nearest known preset's TE entry for a slot: nothing measured."""
 
 
 class BestGroup(BaseModel):
@@ -277,7 +342,7 @@ class BestPublic(BaseModel):
     results: list[BestGroup]
     """One group per GPU model and shape key that was measured (empty when ``measured`` is false)."""
     nearest: NearestPublic | None
-    nearest_layers: list[BestLayer]
+    nearest_layers: list[NearestLayer]
     """The nearest preset's configs when nothing was measured (never passed off as measured)."""
 
 

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 import storage
 from api.schemas import BestSoFar, JobPublic, JobSummary, Progress, SlotPublic, TrialPublic
 from api.trial_rows import fastest
+from overlap_runtime.shape import ModelShape
 from storage import BestConfig, Job, JobStatus, LayerStudy, Trial
 
 UNFINISHED_CAP = 0.99
@@ -55,15 +56,8 @@ def _winners(*, session: Session, job: Job) -> dict[str, BestSoFar]:
     """The slots this job has decided, from the best configs it wrote (a later job may since have replaced them)."""
     if job.status == JobStatus.QUEUED:
         return {}
-    shape = job.shape
-    rows = storage.get_best(
-        session=session,
-        hidden=shape["hidden"],
-        tp=shape["tp"],
-        mbs=shape["mbs"],
-        seq=shape["seq"],
-        dtype=shape["dtype"],
-    )
+    shape = ModelShape(**job.shape)
+    rows = storage.get_best(session=session, shape=shape, dtype=shape.dtype)
     return {row.slot: _winner(row) for row in rows if row.job_id == job.id}
 
 

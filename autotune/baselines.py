@@ -4,7 +4,8 @@ They answer the questions a user asks before "what is best": is overlap worth it
 does TE do by itself (its default), what would copying NVIDIA's nearest preset give (or one we tuned
 before), and do the winners of neighbouring shapes carry over (warm start).  They also seed TPE with good
 points, which is most of why it needs few trials.  A baseline that cannot run here (a preset knob the
-runtime lacks, a config outside the space) is skipped, and the reason is kept for the report.
+runtime lacks) or lies outside the space is skipped, and the reason is kept for the report; a config that a
+job asked to measure first only needs to run here (the study measures one outside the space as given).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from search_spaces.space import SlotSpace
 NONE = "none"
 TE_DEFAULT = "te_default"
 PRESET = "preset"
+MEASURE_FIRST = "measure_first"
 WARM_START = "warm_start"
 
 
@@ -37,7 +39,8 @@ class Baseline:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Baselines:
     configs: tuple[Baseline, ...]
-    """Distinct configs in the order they are measured: none, TE default, preset, warm starts."""
+    """Distinct configs in this order: none, TE default, preset, the configs to measure first, warm starts
+    (the sampler proposes those of the space in this order; any outside it wait, enqueued, ahead of them)."""
     skipped: tuple[str, ...]
     """One line per baseline left out, saying why."""
 
@@ -54,23 +57,32 @@ class Baselines:
         return cls(configs=tuple(configs), skipped=tuple(data["skipped"]))
 
 
-def baselines(space: SlotSpace, *, gpu: str, warm_start: Sequence[OverlapConfig] = ()) -> Baselines:
-    """The baselines of ``space``'s slot on ``gpu``, deduplicated, each checked against the space."""
+def baselines(
+    space: SlotSpace,
+    *,
+    gpu: str,
+    measure_first: Sequence[OverlapConfig] = (),
+    warm_start: Sequence[OverlapConfig] = (),
+) -> Baselines:
+    """The baselines of ``space``'s slot on ``gpu``, deduplicated, each checked against the space (the
+    configs to measure first only against the runtime's rules, `SlotSpace.check`)."""
     sources: list[tuple[str, Callable[[], OverlapConfig]]] = [
         (NONE, lambda: OverlapConfig(method=Method.NONE)),
         (TE_DEFAULT, lambda: te_default(space.shape, space.slot, backend=space.backend, limits=space.limits)),
         (PRESET, lambda: nearest_preset_config(space, gpu=gpu)),
     ]
+    sources += [(MEASURE_FIRST, lambda c=config: c) for config in measure_first]
     sources += [(WARM_START, lambda c=config: c) for config in warm_start]
     found: dict[OverlapConfig, list[str]] = {}
     skipped: list[str] = []
     for label, make in sources:
         try:
             config = make()
+            space.check(config)
         except InputError as e:
             skipped.append(f"{label}: {e}")
             continue
-        if config not in space:
+        if config not in space and label != MEASURE_FIRST:
             skipped.append(f"{label}: {config.to_dict()} is not in the search space of {space.slot.value}")
             continue
         found.setdefault(config, []).append(label)

@@ -35,6 +35,9 @@ REQUEUED = "requeued"
 """True on a failure that was not the config's fault (a lost worker): the config is asked again."""
 ATTEMPT = "attempt"
 """1 for the first try of a config, +1 per requeue."""
+OUTSIDE = "outside_space"
+"""A trial of a config its space does not hold (one a job asked to measure first): why not, as
+`SlotSpace.choices_for` says it.  Such a trial has no params, so neither TPE's model nor the sampler sees it."""
 DUPLICATE_OF = "duplicate_of"
 """A config the sampler's model proposed again: added as a finished trial holding the known result, never
 handed out."""

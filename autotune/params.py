@@ -13,8 +13,9 @@ from typing import Any
 
 from optuna.distributions import CategoricalDistribution
 
+from autotune.history import OUTSIDE
 from overlap_runtime.config import Method, OverlapConfig
-from overlap_runtime.errors import InputError
+from overlap_runtime.errors import ConfigError, InputError
 from search_spaces.space import SlotSpace
 
 METHOD = "method"
@@ -44,6 +45,16 @@ def params_of(space: SlotSpace, config: OverlapConfig) -> dict[str, Any]:
     if choices is None:
         raise InputError("config", f"is not in the search space of {space.slot.value}", config.to_dict())
     return {METHOD: config.method.value, **choices}
+
+
+def trial_params(space: SlotSpace, config: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """(params, user attrs) of a trial that measures ``config``: the params that walk to it, or none and the
+    `OUTSIDE` mark where ``space`` does not hold it."""
+    try:
+        choices = space.choices_for(config)
+    except ConfigError as e:
+        return {}, {OUTSIDE: str(e)}
+    return {METHOD: config.method.value, **choices}, {}
 
 
 def config_of(space: SlotSpace, params: Mapping[str, Any]) -> OverlapConfig | None:

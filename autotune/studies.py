@@ -4,9 +4,10 @@ The life of a study, and where each step is stored (all of it in Optuna's storag
 restarts rebuilds a `SlotStudy` by constructing it again with the same storage and arguments):
 
 1. Created: study user attr ``baselines`` lists the baselines (`autotune.baselines`) and the skipped ones.
-2. Search: `ask` hands out waiting trials (a lost worker's config, asked again) first, then what the
-   sampler proposes: by default a `SlotSampler` (`autotune.sampler`), which proposes the baselines first,
-   then TPE's configs and local moves, never a config already known.  A handed-out trial stays RUNNING,
+2. Search: `ask` hands out waiting trials (a lost worker's config, asked again; a baseline outside the
+   space, which only a job's configs to measure first can be) first, then what the sampler proposes: by
+   default a `SlotSampler` (`autotune.sampler`), which proposes the baselines first, then TPE's configs and
+   local moves, never a config already known.  A handed-out trial stays RUNNING,
    with its proposal in the ``proposal`` user attr, until `tell` (or `requeue`) finishes it.
 3. Stop: after ``n_trials`` configs, once the best has not improved by more than `MIN_GAIN` for
    ``patience`` completed trials, or when every config of the space has been measured; never before as
@@ -14,7 +15,8 @@ restarts rebuilds a `SlotStudy` by constructing it again with the same storage a
 4. Finalists (`autotune.finalists`): once nothing is outstanding, one more trial holds the finalist batch:
    the configs (study user attr ``finalists``) are re-measured interleaved with more repeats.  Its
    proposal number is that trial's number like any other; it runs without params and, once told, takes
-   the winner's params and re-measured time, so every COMPLETE trial of a study is a config of its space.
+   the winner's params and re-measured time, so every COMPLETE trial of a study holds the params of a config
+   of its space, or none and the mark of a config outside it (`autotune.history.OUTSIDE`).
    A lost or failed batch is asked again, up to `FINALIST_ATTEMPTS` times, then the search's numbers decide.
 5. Decided: study user attr ``decision`` holds the `SlotOutcome` (None when no config ran correctly).
 
@@ -40,6 +42,7 @@ from autotune.history import (
     FAILURE,
     MEASUREMENT,
     MEASUREMENTS,
+    OUTSIDE,
     PROPOSAL,
     PURPOSE,
     REQUEUED,
@@ -47,7 +50,7 @@ from autotune.history import (
     Record,
 )
 from autotune.outcome import SlotOutcome
-from autotune.params import distributions, params_of, walk
+from autotune.params import distributions, trial_params, walk
 from autotune.proposal import Proposal, Purpose
 from autotune.sampler import SlotSampler
 from overlap_runtime.config import DeviceLimits, OverlapConfig
@@ -106,8 +109,9 @@ class SlotStudy:
     and name continues where it stopped. All state lives in the Optuna storage (trial user attrs / study
     user attrs), so a controller that restarts can rebuild it.
 
-    ``warm_start`` joins the baselines only when the study is created; ``n_trials`` and ``patience`` are read
-    on every ask, so a restart may change them.  A decided study stays decided.  ``sampler`` replaces the
+    ``measure_first`` and ``warm_start`` join the baselines only when the study is created (a config to
+    measure first needs only to run here: one outside the space is measured as given); ``n_trials`` and
+    ``patience`` are read on every ask, so a restart may change them.  A decided study stays decided.  ``sampler`` replaces the
     `SlotSampler` (``seed`` seeds only that one); any Optuna sampler will do, e.g. `RandomSampler`, though
     only a `SlotSampler` proposes the baselines and never measures a config twice.
     """
@@ -123,6 +127,7 @@ class SlotStudy:
         limits: DeviceLimits | None,
         n_trials: int,
         patience: int | None = None,
+        measure_first: Sequence[OverlapConfig] = (),
         warm_start: Sequence[OverlapConfig] = (),
         seed: int | None = None,
         sampler: optuna.samplers.BaseSampler | None = None,
@@ -145,9 +150,10 @@ class SlotStudy:
             storage=self._storage, study_name=self.name, direction="minimize", load_if_exists=True
         )
         self._study_id = self._storage.get_study_id_from_name(self.name)
-        self._baselines = self._stored_baselines(warm_start)
+        self._baselines = self._stored_baselines(measure_first, warm_start)
+        self._enqueue_outside()
         # The default sampler proposes the stored baselines, so it can only be made once the study exists.
-        first = [b.config for b in self._baselines.configs]
+        first = [b.config for b in self._baselines.configs if b.config in self.space]
         self._study.sampler = sampler or SlotSampler(self.space, first=first, seed=seed)
 
     # --- the contract -------------------------------------------------------------------------------------
@@ -252,12 +258,24 @@ class SlotStudy:
         """Every config of the space (a few hundred at most): to know when it is exhausted."""
         return tuple(self.space.configs())
 
-    def _stored_baselines(self, warm_start: Sequence[OverlapConfig]) -> Baselines:
+    def _stored_baselines(
+        self, measure_first: Sequence[OverlapConfig], warm_start: Sequence[OverlapConfig]
+    ) -> Baselines:
         """The baselines found when the study was created (now, for a new one), kept for every restart."""
         if _BASELINES not in self._study.user_attrs:
-            found = baselines(self.space, gpu=self.gpu, warm_start=warm_start)
+            found = baselines(self.space, gpu=self.gpu, measure_first=measure_first, warm_start=warm_start)
             self._study.set_user_attr(_BASELINES, found.to_dict())
         return Baselines.from_dict(self._study.user_attrs[_BASELINES])
+
+    def _enqueue_outside(self) -> None:
+        """Queue each baseline outside the space that no trial holds yet (on creation, or after a crash before
+        it was queued): a sampler only proposes configs of its space."""
+        outside = [b for b in self._baselines.configs if b.config not in self.space]
+        held = self._history().configs if outside else {}
+        for baseline in outside:
+            if baseline.config not in held:
+                attrs = {PURPOSE: Purpose.BASELINE.value, BASELINE: list(baseline.labels)}
+                self._enqueue(baseline.config, attrs)
 
     def _history(self) -> History:
         return History(self._study.get_trials(deepcopy=False))
@@ -278,6 +296,8 @@ class SlotStudy:
     def _ask_config(self) -> Proposal:
         """A waiting trial (a lost worker's config), or the sampler's next config."""
         trial = self._study.ask()
+        if OUTSIDE in trial.user_attrs:
+            return self._hand_out(trial, OverlapConfig.from_dict(trial.user_attrs[CONFIG]))
         return self._hand_out(trial, walk(self.space, lambda name, d: trial.suggest_categorical(name, d.choices)))
 
     def _hand_out(self, trial: Trial, config: OverlapConfig) -> Proposal:
@@ -301,10 +321,15 @@ class SlotStudy:
 
     def _enqueue_retry(self, config: OverlapConfig, record: Record) -> None:
         """Ask ``config`` again as the next attempt of ``record``, with its purpose and labels."""
-        attrs: dict[str, Any] = {PURPOSE: record.purpose.value, CONFIG: config.to_dict(), ATTEMPT: record.attempt + 1}
+        attrs: dict[str, Any] = {PURPOSE: record.purpose.value, ATTEMPT: record.attempt + 1}
         if record.labels:
             attrs[BASELINE] = list(record.labels)
-        self._study.enqueue_trial(params_of(self.space, config), user_attrs=attrs)
+        self._enqueue(config, attrs)
+
+    def _enqueue(self, config: OverlapConfig, attrs: dict[str, Any]) -> None:
+        """Queue a trial of ``config`` with ``attrs``: with its params, or as given where the space lacks it."""
+        params, mark = trial_params(self.space, config)
+        self._study.enqueue_trial(params, user_attrs={**attrs, CONFIG: config.to_dict(), **mark})
 
     def _tell_config(self, trial_id: int, number: int, measurement: Measurement | None, failure: str | None) -> None:
         if measurement is not None:
@@ -382,9 +407,11 @@ class SlotStudy:
             self._study.tell(trial.number, state=TrialState.FAIL)
             return
         dists = distributions(self.space)
-        for name, value in params_of(self.space, outcome.best).items():
+        params, mark = trial_params(self.space, outcome.best)
+        for name, value in params.items():
             self._storage.set_trial_param(trial_id, name, dists[name].to_internal_repr(value), dists[name])
-        self._set_attrs(trial_id, {CONFIG: outcome.best.to_dict(), MEASUREMENT: outcome.best_measurement.to_dict()})
+        attrs = {**mark, CONFIG: outcome.best.to_dict(), MEASUREMENT: outcome.best_measurement.to_dict()}
+        self._set_attrs(trial_id, attrs)
         self._study.tell(trial.number, outcome.best_measurement.overlap_ms)
         self._decide(outcome, reason="finalists re-measured interleaved")
 

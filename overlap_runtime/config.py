@@ -111,8 +111,9 @@ class KnobOption:
     name: str
     """The parameter, an `OverlapConfig` field."""
     flags: str
-    """The option's declaration: ``--num-sm``; a pair such as ``--use-ce/--no-ce`` for a flag whose unset
-    value is the method's default (None), so either answer can be given."""
+    """The option's declaration: ``--num-sm``; a pair such as ``--use-ce/--no-ce`` for a flag where either
+    answer means something: use_ce's unset value is the method's default (None), and ``--no-sm-margin``
+    turns off the margin that `autotune measure` sets wherever ``--num-sm`` is given."""
     type: Any
     default: Any
     """Unset; None for method, which has none (a CLI may take the whole config another way)."""

@@ -177,6 +177,7 @@ KNOBS: tuple[Knob, ...] = (
         origin=Origin.TE,
         te_methods=_ALL,
         backends=_CUDA,
+        cli="--set-sm-margin/--no-sm-margin",
         help="Hold the GEMM to sm_count - num_sm SMs.",
     ),
     Knob(

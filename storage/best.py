@@ -61,23 +61,20 @@ def upsert_best(
 
 @wraps_driver_errors
 def get_best(
-    *,
-    session: Session,
-    hidden: int,
-    tp: int,
-    mbs: int,
-    seq: int,
-    gpu: str | None = None,
-    dtype: str | None = None,
+    *, session: Session, shape: ModelShape, gpu: str | None = None, dtype: str | None = None
 ) -> list[BestConfig]:
-    """Every stored winner for (hidden, tp, mbs, seq), optionally of one GPU model and dtype.
+    """Every stored winner at ``shape``'s dimensions (hidden, tp, mbs, seq), optionally of one GPU model and
+    dtype; the shape's other fields do not narrow it.
 
     Several shape keys can match (e.g. different ffn widths or dtypes); rows are ordered by GPU, shape key and
     slot so callers can group them.  An empty list means nothing was measured for this shape: the caller
     decides whether to offer a nearest known shape, and must say so.
     """
     stmt = select(BestConfig).where(
-        BestConfig.hidden == hidden, BestConfig.tp == tp, BestConfig.mbs == mbs, BestConfig.seq == seq
+        BestConfig.hidden == shape.hidden,
+        BestConfig.tp == shape.tp,
+        BestConfig.mbs == shape.mbs,
+        BestConfig.seq == shape.seq,
     )
     if gpu is not None:
         stmt = stmt.where(BestConfig.gpu == gpu)

@@ -135,6 +135,14 @@ def test_configs_to_measure_first_are_kept_as_given_with_the_job(http: httpx.Cli
     assert http.get(f"/v1/jobs/{submit(http)['id']}").json()["measure_first"] is None
 
 
+def test_a_config_to_measure_first_that_the_search_space_lacks_is_taken_as_given(http: httpx.Client) -> None:
+    # No search space holds stream priorities, nor a cga_size that the other knobs imply otherwise.
+    priorities = {**PIPELINE_FIRST, **PIPELINE_IMPLIED, "cga_size": 4, "comm_priority": -1, "gemm_priority": 0}
+    first = {"proj_fprop": [priorities]}
+    job = http.get(f"/v1/jobs/{submit(http, layers=['proj_fprop'], measure_first=first)['id']}").json()
+    assert job["measure_first"] == first
+
+
 @pytest.mark.parametrize(
     ("first", "backend", "field", "rule"),
     [
@@ -152,16 +160,16 @@ def test_configs_to_measure_first_are_kept_as_given_with_the_job(http: httpx.Cli
             "needs FP8 GEMMs",
         ),
         (
-            {"proj_fprop": [{**PIPELINE_FIRST, **PIPELINE_IMPLIED, "comm_priority": -1}]},
+            {"proj_fprop": [{**PIPELINE_FIRST, "atomic_gemm": True}]},
             "cuda",
-            "measure_first.proj_fprop.0.comm_priority",
-            "is not searched in the search space of proj_fprop on cuda",
+            "measure_first.proj_fprop.0.atomic_gemm",
+            "needs FP8 GEMMs, which this runtime does not run yet",
         ),
         (
-            {"proj_fprop": [{**PIPELINE_FIRST, **PIPELINE_IMPLIED, "cga_size": 4}]},
+            {"proj_fprop": [{**PIPELINE_FIRST, "cga_size": 16}]},
             "cuda",
             "measure_first.proj_fprop.0.cga_size",
-            "must be 2",
+            "less than or equal to 4",
         ),
         ({"proj_fprop": [PIPELINE_FIRST]}, "cpu", "measure_first.proj_fprop.0.num_sm", "no meaning on the cpu backend"),
     ],

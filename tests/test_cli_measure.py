@@ -35,6 +35,17 @@ def test_measure_prints_the_measurement_contract_as_json() -> None:
     assert record["cv"] == pytest.approx(statistics.pstdev(record["samples"]) / statistics.fmean(record["samples"]))
 
 
+def test_measure_takes_the_first_gemm_order_and_no_margin_as_flags() -> None:
+    flags = ["--num-splits", "2", "--pipeline-rs-overlap-first-gemm", "--no-sm-margin"]
+    done = run(*BASE, "--layer", "proj_fprop", "--method", "pipeline", *flags, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["config"] == {
+        "method": "pipeline",
+        "num_splits": 2,
+        "pipeline_rs_overlap_first_gemm": True,
+    }
+
+
 def test_measure_takes_a_whole_config_as_json_as_best_prints_it() -> None:
     config = {"method": "pipeline", "num_splits": 2, "pipeline_rs_overlap_first_gemm": True}
     done = run(*BASE, "--layer", "proj_fprop", "--config", json.dumps(config), "--json")
@@ -66,6 +77,9 @@ def test_measure_takes_a_gated_context_parallel_shape() -> None:
         (["--layer", "qkv_fprop", "--config", "{method: none}"], "config: must be a JSON object"),
         (["--layer", "qkv_fprop", "--config", '["none"]'], "config: must be a JSON object"),
         (["--layer", "qkv_fprop", "--config", '{"method": "none"}', "--method", "none"], "method: give either"),
+        (["--layer", "qkv_fprop", "--config", '{"method": "none"}', "--no-sm-margin"], "set_sm_margin: give either"),
+        (["--layer", "proj_fprop", "--method", "pipeline", "--gemm-priority", "-1"], "gemm_priority: has no meaning"),
+        (["--layer", "proj_fprop", "--method", "pipeline", "--fp8-buf"], "fp8_buf: needs FP8 GEMMs"),
         (["--layer", "proj_fprop", "--config", '{"method": "pipeline", "num_splitz": 2}'], "num_splitz: is not a"),
     ],
 )

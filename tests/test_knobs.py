@@ -4,11 +4,10 @@ and what derives from it: the CLI's knob options and the API's config schema."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import typing
 from importlib import resources
-from typing import Annotated, Any
+from typing import Any
 
 import pytest
 import typer
@@ -17,6 +16,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from api.schemas import OverlapConfigBody
+from autotune.cli.measure import takes_knobs
 from overlap_runtime.config import DEFAULTS, DeviceLimits, OverlapConfig, check_config, knob_options, problem
 from overlap_runtime.errors import ConfigError
 from overlap_runtime.knobs import BY_NAME, CONFIG_KNOBS, KNOBS, MAX_CGA_SIZE, TE_KEYS, Kind, Method, Origin, te_used
@@ -101,22 +101,12 @@ def test_a_knob_the_cpu_backend_lacks_is_refused_there_by_name() -> None:
 
 
 def knob_command() -> typer.Typer:
-    """A command whose knob options come from `knob_options` alone, as `autotune measure`'s can."""
-    params = []
-    for option in knob_options():
-        low, high = option.bounds or (None, None)
-        declared = typer.Option(option.flags, help=option.help, min=low, max=high)
-        annotation = Annotated[option.type, declared]
-        params.append(
-            inspect.Parameter(
-                option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default, annotation=annotation
-            )
-        )
+    """A command with `autotune measure`'s knob options (`takes_knobs`), printing the knobs given."""
 
-    def command(**knobs: Any) -> None:
-        typer.echo(json.dumps(OverlapConfig(**knobs).to_dict()))
+    @takes_knobs
+    def command(knobs: dict[str, Any]) -> None:
+        typer.echo(json.dumps(knobs))
 
-    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     app = typer.Typer()
     app.command()(command)
     return app
@@ -128,8 +118,11 @@ def test_the_knob_options_give_every_knob_a_cli_flag_with_its_help_type_and_rang
     assert shown.exit_code == 0
     for flag in ("--comm-priority", "--gemm-priority", "--fp8-buf", "--pipeline-rs-overlap-first-gemm", "--no-ce"):
         assert flag in shown.output
+    for option in knob_options():
+        for flag in option.flags.split("/"):
+            assert flag in shown.output, flag
     given = "--method pipeline --num-splits 2 --pipeline-rs-overlap-first-gemm --comm-priority -2 --fp8-buf --no-ce"
-    ran = runner.invoke(app, given.split())
+    ran = runner.invoke(app, [*given.split(), "--gemm-priority", "0", "--no-sm-margin"])
     assert ran.exit_code == 0, ran.output
     assert json.loads(ran.output) == {
         "method": "pipeline",
@@ -137,8 +130,13 @@ def test_the_knob_options_give_every_knob_a_cli_flag_with_its_help_type_and_rang
         "use_ce": False,
         "fp8_buf": True,
         "comm_priority": -2,
+        "gemm_priority": 0,
         "pipeline_rs_overlap_first_gemm": True,
+        "set_sm_margin": False,
     }
+    switches = runner.invoke(app, ["--aggregate", "--use-ce"])
+    assert switches.exit_code == 0 and json.loads(switches.output) == {"aggregate": True, "use_ce": True}
+    assert json.loads(runner.invoke(app, []).output) == {}
     refused = runner.invoke(app, ["--method", "bulk", "--num-sm", "65"], env={"COLUMNS": "240"})
     assert refused.exit_code == 2 and "--num-sm" in refused.output and "less than or equal to 64" in refused.output
 

@@ -16,7 +16,7 @@ import pytest
 import storage
 from api.schemas import TrialPublic
 from api.views import trial_view
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import Method
 from overlap_runtime.measurement import Baselines, BaselineSource, Measurement
 from overlap_runtime.shape import Collective, ModelShape, Slot
 from overlap_runtime.uncertainty import Series
@@ -66,7 +66,9 @@ def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> Non
         holders = [
             t
             for t in trials
-            if t.slot == layer.slot and t.state == "complete" and (layer.config, layer.measurement) in measured_pairs(t)
+            if t.slot == layer.slot
+            and t.state == "complete"
+            and (layer.config.model_dump(), layer.measurement) in measured_pairs(t)
         ]
         assert holders, f"{layer.slot}: the best config was not measured by any stored trial"
         valid = [m["overlap_ms"] for _, m in measured_pairs(holders[0]) if m["valid"]]
@@ -75,11 +77,12 @@ def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> Non
         assert slot_view.best.final and slot_view.best.config.model_dump() == layer.config
         assert slot_view.best.trial_id == holders[0].id
         carried = layer.config
-        if layer.config["method"] == Method.NONE:
-            carried = layer.outcome["best_overlap"]
+        if layer.config.method == Method.NONE:
+            assert layer.outcome is not None and layer.outcome.best_overlap is not None
+            carried = layer.outcome.best_overlap
             assert f"# {layer.slot}: no overlap was" in preset.text
         slot = Slot(layer.slot)
-        assert yaml_configs[slot] == te_config(slot, OverlapConfig.from_dict(carried))
+        assert yaml_configs[slot] == te_config(slot, carried.to_config())
 
 
 def assert_each_trial_claimed_once(trials: list[TrialPublic]) -> None:
@@ -101,22 +104,26 @@ def test_tiny_job_on_sqlite_succeeds_and_its_best_and_yaml_match_the_trials(make
     assert_each_trial_claimed_once(trials_of(service, job_id))
 
 
-def test_a_config_asked_to_be_measured_first_is_measured_before_the_search(make_service, sqlite_url: str) -> None:
+def test_configs_asked_to_be_measured_first_are_measured_before_the_search(make_service, sqlite_url: str) -> None:
     first = {"method": "pipeline", "num_splits": 8, "pipeline_rs_overlap_first_gemm": True}
+    unsplit = {"method": "pipeline", "num_splits": 1}  # runs, but no search space holds it (it is serial)
     service = make_service(db_url=sqlite_url)
     service.start_controller()
     service.start_worker()
     with service.client() as client:
+        measure_first = {"proj_fprop": [first, unsplit]}
         job_id = client.submit(
-            shape=TINY_SHAPE, layers=["proj_fprop"], n_trials=6, backend="cpu", measure_first={"proj_fprop": [first]}
+            shape=TINY_SHAPE, layers=["proj_fprop"], n_trials=6, backend="cpu", measure_first=measure_first
         ).id
     assert service.wait_for_job(job_id).status == "succeeded"
     trials = [t for t in trials_of(service, job_id) if t.purpose != "finalist"]
-    (mine,) = [t for t in trials if [c.model_dump() for c in t.config.configs] == [first]]
-    assert mine.purpose == "baseline" and mine.state == "complete"
-    assert mine.measurement["measurements"][0]["valid"]
     searched = [t.optuna_trial_number for t in trials if t.purpose == "search"]
-    assert searched and mine.optuna_trial_number < min(searched)
+    assert searched
+    for config in (first, unsplit):
+        (mine,) = [t for t in trials if [c.model_dump() for c in t.config.configs] == [config]]
+        assert mine.purpose == "baseline" and mine.state == "complete"
+        assert mine.measurement["measurements"][0]["valid"]
+        assert mine.optuna_trial_number < min(searched)
 
 
 def test_four_workers_on_postgres_never_share_a_trial(make_service, postgres_url: str) -> None:

@@ -382,15 +382,15 @@ def test_best_config_upsert_replaces_the_winner_and_lookup_filters(session: Sess
     best(SHAPE, H100, {"method": "bulk"}, T0)
     session.expunge_all()
 
-    rows = storage.get_best(session=session, hidden=8192, tp=2, mbs=1, seq=8192, gpu=H200, dtype="bf16")
+    rows = storage.get_best(session=session, shape=SHAPE, gpu=H200, dtype="bf16")
     assert [(r.shape_key, r.config) for r in rows] == [
         ("h8192_tp2_mbs1_seq8192_f28672g_q10240_bf16_cp1", {"method": "bulk"}),
         ("h8192_tp2_mbs1_seq8192_f32768_q24576_bf16_cp1", {"method": "ring_exchange"}),
     ]
     assert (rows[1].updated_at, rows[1].spread, rows[1].measurement) == (T0 + SEC, {"cv": 0.01}, measured)
-    assert len(storage.get_best(session=session, hidden=8192, tp=2, mbs=1, seq=8192)) == 4
-    assert [r.gpu for r in storage.get_best(session=session, hidden=8192, tp=2, mbs=1, seq=8192, dtype="fp8")] == [H200]
-    assert storage.get_best(session=session, hidden=8192, tp=4, mbs=1, seq=8192) == []
+    assert len(storage.get_best(session=session, shape=gated)) == 4
+    assert [r.gpu for r in storage.get_best(session=session, shape=SHAPE, dtype="fp8")] == [H200]
+    assert storage.get_best(session=session, shape=ModelShape(hidden=8192, tp=4, mbs=1, seq=8192)) == []
 
 
 def test_workers_register_heartbeat_and_go_lost_when_silent(session: Session) -> None:

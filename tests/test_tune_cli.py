@@ -51,7 +51,7 @@ def test_tune_writes_a_preset_with_every_slot_and_stores_valid_winners(tmp_path:
         assert slot in preset or f"# {slot}: left out" in text, slot
         assert slot in result.stdout
     with session_factory(engine=create_engine_for(url=f"sqlite:///{tmp_path / 'autotune.db'}"))() as session:
-        best = get_best(session=session, hidden=64, tp=2, mbs=1, seq=32, gpu="cpu")
+        best = get_best(session=session, shape=ModelShape(hidden=64, tp=2, seq=32), gpu="cpu")
     assert sorted(row.slot for row in best) == sorted(slots)
     assert all(row.measurement["valid"] for row in best)
     for row in best:  # decided by the finalist batch: scored against baselines timed in its three rounds
@@ -66,7 +66,7 @@ def test_tune_stores_a_gated_context_parallel_shape_as_given(tmp_path: Path) -> 
     result = tune("--gated", "--cp", "2", "--layers", "fc1_fprop", "--trials", "2", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     with session_factory(engine=create_engine_for(url=f"sqlite:///{tmp_path / 'autotune.db'}"))() as session:
-        (row,) = get_best(session=session, hidden=64, tp=2, mbs=1, seq=32, gpu="cpu")
+        (row,) = get_best(session=session, shape=ModelShape(hidden=64, tp=2, seq=32), gpu="cpu")
     assert row.slot == "fc1_fprop"
     assert ModelShape(**row.shape) == ModelShape(hidden=64, tp=2, seq=32, gated=True, cp=2)
 

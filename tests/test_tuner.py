@@ -6,6 +6,7 @@ needs a precise number; no GPU and no process group."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -277,6 +278,43 @@ def test_a_restarted_controller_resumes_from_the_storage_alone(tmp_path: Path) -
     assert new_study(storage=url, n_trials=12).outcome() == third.outcome()
     counts = Counter(OverlapConfig.from_dict(t.user_attrs["config"]) for t in measured(trials(third, url)))
     assert max(counts.values()) == 1
+
+
+def test_a_config_to_measure_first_outside_the_space_is_measured_as_given_and_may_win(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    outside = dataclasses.replace(te_default(SHAPE, SLOT, backend="cuda", limits=H200), comm_priority=-1)
+    study = new_study(storage=url, n_trials=10, measure_first=[outside])
+    assert outside not in study.space
+    study = new_study(storage=url, n_trials=10, measure_first=[outside])  # a restart queues it no second time
+    first = study.ask()
+    assert first is not None and first.configs == (outside,) and first.purpose == Purpose.BASELINE
+    stored = trials(study, url)[first.number]
+    assert stored.params == {} and stored.user_attrs["baseline"] == ["measure_first"]
+    assert stored.user_attrs["outside_space"].startswith("comm_priority: is not searched")
+    study.tell(first, measurements=[measurement(0.5)])
+    while (proposal := study.ask()) is not None and proposal.purpose != Purpose.FINALIST:
+        assert proposal.configs != (outside,)
+        tell_smooth(study, proposal)
+    assert proposal is not None and outside in proposal.configs
+    times = {c: 0.5 if c == outside else smooth_time(c) for c in proposal.configs}
+    study.tell(proposal, measurements=[measurement(times[c]) for c in proposal.configs])
+    outcome = study.outcome()
+    assert outcome is not None and outcome.best == outside
+    finalist_trial = trials(study, url)[proposal.number]
+    assert finalist_trial.params == {} and "outside_space" in finalist_trial.user_attrs
+    counts = Counter(OverlapConfig.from_dict(t.user_attrs["config"]) for t in measured(trials(study, url)))
+    assert counts[outside] == 1 and max(counts.values()) == 1
+
+
+def test_a_config_to_measure_first_that_the_device_cannot_run_is_skipped_with_the_reason() -> None:
+    beyond = OverlapConfig(method=Method.PIPELINE, num_splits=4, comm_priority=-9)  # H200: -5 is the highest
+    storage = InMemoryStorage()
+    study = new_study(storage=storage, measure_first=[beyond])
+    asked = [study.ask() for _ in range(6)]
+    assert all(p is not None and p.configs != (beyond,) for p in asked)
+    stored = optuna.load_study(study_name=study.name, storage=storage).user_attrs["baselines"]
+    (skipped,) = [s for s in stored["skipped"] if s.startswith("measure_first")]
+    assert "comm_priority: must be a stream priority between -5 (highest) and 0" in skipped
 
 
 def test_local_moves_change_one_knob_and_stay_in_the_space() -> None:

@@ -69,9 +69,9 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep, resp
 def _measure_first(
     body: JobCreate, *, shape: ModelShape, slots: Sequence[Slot], backend: Backend
 ) -> dict[str, list[OverlapConfig]] | None:
-    """The job's configs to measure first, each checked against its slot's space: a 422 names the slot, the
-    config's index and the knob (a device the job lands on may still narrow the space: its study then skips
-    the config and says so)."""
+    """The job's configs to measure first, each checked against the runtime's rules for its slot (it need not
+    lie in the search space): a 422 names the slot, the config's index and the knob (a device the job lands
+    on may still refuse it, fewer SMs say: its study then skips the config and says so)."""
     if body.measure_first is None:
         return None
     names = [slot.value for slot in slots]

@@ -8,9 +8,10 @@ Each command is a thin wrapper over `autotune.client.Client`.  The controller's 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -200,9 +201,11 @@ def cancel(
     typer.echo(job.model_dump_json(indent=2) if as_json else f"job {job.id}: {job.status}")
 
 
-def _config_text(config: dict[str, Any]) -> str:
-    rest = " ".join(f"{k}={v}" for k, v in config.items() if k != "method")
-    return f"{config.get('method', '?')} {rest}".strip()
+def _config_text(config: BaseModel) -> str:
+    """A config or TE entry as the JSON writes it, on one line: ``bulk use_ce=True``."""
+    knobs = config.model_dump()
+    rest = " ".join(f"{k}={v}" for k, v in knobs.items() if k != "method")
+    return f"{knobs['method']} {rest}".strip()
 
 
 def _ms(value: float | None) -> str:

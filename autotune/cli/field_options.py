@@ -4,7 +4,8 @@ Typer reads a command's options from its signature.  `takes` puts one option per
 one parameter of the command (a wrapper with its own ``__signature__``), and calls the command with what
 ``build`` makes of their values.  The options keep the fields' names, types and defaults; the flag is the
 name in kebab case, and a bool option is a switch (``--gated``) or, when it may be left unset, a pair
-(``--gated/--not-gated``: ``--no-gated`` would read as "no gated filter").
+(``--gated/--not-gated``: ``--no-gated`` would read as "no gated filter"), unless the option declares its
+own flags (``--use-ce/--no-ce``).
 """
 
 from __future__ import annotations
@@ -30,16 +31,23 @@ class FieldOption:
     """``int``, ``int | None``, ``bool``, ...: what typer parses the value as."""
     help: str
     default: Any = REQUIRED
+    flags: str | None = None
+    """The option's declaration (typer's terms) where it is not the one made from the name and type."""
+    bounds: tuple[int, int] | None = None
+    """(min, max) of an int option."""
 
     def parameter(self) -> inspect.Parameter:
         flag = f"--{self.name.replace('_', '-')}"
-        if self.type is bool:
-            decls: tuple[str, ...] = (flag,)
+        if self.flags is not None:
+            decls: tuple[str, ...] = (self.flags,)
+        elif self.type is bool:
+            decls = (flag,)
         elif self.type == bool | None:
             decls = (f"{flag}/--not-{flag[2:]}",)
         else:
             decls = ()
-        option = typer.Option(*decls, help=self.help)
+        low, high = self.bounds or (None, None)
+        option = typer.Option(*decls, help=self.help, min=low, max=high)
         return inspect.Parameter(self.name, KEYWORD, default=self.default, annotation=Annotated[self.type, option])
 
 

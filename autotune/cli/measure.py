@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from autotune.cli.shape_options import takes_shape
-from overlap_runtime.config import OverlapConfig
+from autotune.cli.field_options import FieldOption, takes
+from autotune.cli.shape_options import Command, takes_shape
+from overlap_runtime.config import OverlapConfig, knob_options
 from overlap_runtime.errors import InputError, TrialFailure
 from overlap_runtime.runtime import Runtime, available_gpus
 from overlap_runtime.shape import ModelShape, Slot
@@ -19,23 +20,38 @@ def default_backend() -> str:
     return "cuda" if available_gpus() > 0 else "cpu"
 
 
+MARGIN = "set_sm_margin"
+"""The knob whose option may be left unset: TE's margin, on wherever ``--num-sm`` is given."""
+
+
+def takes_knobs(command: Command) -> Command:
+    """The command's ``knobs`` parameter becomes one option per knob (`knob_options`); it gets the knobs given,
+    i.e. those not at their option's default, by name, method first."""
+    options = [
+        FieldOption(
+            name=o.name,
+            type=bool | None if o.name == MARGIN else o.type,
+            help=o.help,
+            default=None if o.name == MARGIN else o.default,
+            flags=o.flags,
+            bounds=o.bounds,
+        )
+        for o in knob_options()
+    ]
+    defaults = {o.name: o.default for o in options}
+
+    def given(**values: Any) -> dict[str, Any]:
+        return {name: value for name, value in values.items() if value != defaults[name]}
+
+    return takes("knobs", options, given)(command)
+
+
 @takes_shape
+@takes_knobs
 def measure(
     layer: Annotated[str, typer.Option(help="Layer slot, e.g. qkv_fprop")],
     shape: ModelShape,
-    method: Annotated[str | None, typer.Option(help="none | ring_exchange | pipeline | bulk")] = None,
-    num_sm: Annotated[int | None, typer.Option()] = None,
-    num_splits: Annotated[int | None, typer.Option()] = None,
-    num_max_streams: Annotated[int | None, typer.Option()] = None,
-    cga_size: Annotated[int | None, typer.Option()] = None,
-    gemm: Annotated[str | None, typer.Option(help="triton | cublas")] = None,
-    aggregate: Annotated[bool, typer.Option("--aggregate")] = False,
-    fused: Annotated[
-        bool, typer.Option("--fused", help="ring_exchange: our GEMM runs every chunk in one launch (--gemm triton)")
-    ] = False,
-    no_ce: Annotated[bool, typer.Option("--no-ce", help="SM-driven (NCCL) copies instead of the copy engine")] = False,
-    no_sm_margin: Annotated[bool, typer.Option("--no-sm-margin", help="Let the GEMM use every SM")] = False,
-    atomic_gemm: Annotated[bool, typer.Option("--atomic-gemm")] = False,
+    knobs: dict[str, Any],
     config_json: Annotated[
         str | None,
         typer.Option(
@@ -54,32 +70,15 @@ def measure(
     except ValueError:
         raise InputError("layer", f"must be one of {', '.join(s.value for s in Slot)}", layer) from None
     backend = backend or default_backend()
-    knobs = {
-        "num_sm": num_sm,
-        "num_splits": num_splits,
-        "num_max_streams": num_max_streams,
-        "cga_size": cga_size,
-        "gemm": gemm,
-        "aggregate": aggregate,
-        "fused": fused,
-        "atomic_gemm": atomic_gemm,
-    }
     if config_json is not None:
-        flags = {"method": method, **knobs, "no_ce": no_ce, "no_sm_margin": no_sm_margin}
-        given = [name for name, value in flags.items() if value not in (None, False)]
-        if given:
-            raise InputError(given[0], "give either --config or --method and the knob flags, not both")
+        if knobs:
+            raise InputError(next(iter(knobs)), "give either --config or --method and the knob flags, not both")
         config = OverlapConfig.from_dict(_json_object("config", config_json))
-    elif method is None:
+    elif "method" not in knobs:
         raise InputError("method", "is required (or give the whole config with --config)")
     else:
-        # TE's margin default: on for SM-driven comm with num_sm given, which --no-sm-margin turns off.
-        config = OverlapConfig(
-            method=method,
-            **knobs,
-            use_ce=False if no_ce else None,
-            set_sm_margin=num_sm is not None and not no_sm_margin,
-        )
+        margin = knobs.pop(MARGIN, None)
+        config = OverlapConfig(**knobs, set_sm_margin=knobs.get("num_sm") is not None if margin is None else margin)
     with Runtime(tp=shape.tp, backend=backend) as runtime:
         try:
             result = runtime.measure(shape, slot, config, repeats=repeats)
@@ -96,7 +95,7 @@ def measure(
         raise typer.Exit(1)
 
 
-def _json_object(field: str, text: str) -> dict:
+def _json_object(field: str, text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
