@@ -118,7 +118,7 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
             s.slot,
             s.status,
             f"{s.n_complete} ok / {s.n_failed} failed",
-            _config_text(best.config.model_dump()) if best else "-",
+            _config_text(best.config) if best else "-",
             _ms(m.get("overlap_ms")),
             _ms(m.get("serial_ms")),
             ("final" if best.final else "so far") if best else "",
