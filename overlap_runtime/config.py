@@ -162,9 +162,7 @@ def check_config(
     if backend not in BACKENDS:
         raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
     _check_method(config.method, gemm)
-    for knob in CONFIG_KNOBS:
-        if knob.fp8 is not None and getattr(config, knob.name):
-            raise ConfigError(knob.name, "needs FP8 GEMMs, which this runtime does not run yet", True)
+    _check_fp8(config, gemm)
     _leave_unset(
         config, (k for k in CONFIG_KNOBS if backend not in k.backends), f"has no meaning on the {backend} backend"
     )
@@ -174,6 +172,31 @@ def check_config(
             "aggregate",
             "the copy-engine all-gather pushes each shard straight to every peer, so it has no ring steps to "
             "aggregate: aggregate needs use_ce=false (the send/recv ring)",
+            True,
+        )
+
+
+ATOMIC_GEMM_RULE = (
+    "TE's atomic GEMM needs cuBLAS >= 12.2 and < 13.0 (CUDA 13 has none) and Megatron marks it deprecated, so "
+    "this runtime does not run it; its FP8 analogue here is our fused ring (ring_exchange, gemm triton, fused)"
+)
+"""Why `atomic_gemm` is catalogued (presets read and write it) but never measured (docs/te_rules.md, Atomic pairs)."""
+
+
+def _check_fp8(config: OverlapConfig, gemm: SlotGemm) -> None:
+    """The knobs that only FP8 GEMMs give a meaning, where TE gives them one (docs/te_rules.md, The fp8_buf
+    merge rule): an FP8 buffer is the pipeline's choice only, since at FP8 every all-gather moves FP8 data
+    anyway (TE forces it) and TE's other reduce-scatters always move bf16 partials."""
+    for knob in CONFIG_KNOBS:
+        if knob.fp8 is not None and getattr(config, knob.name) and gemm.dtype != "fp8":
+            raise ConfigError(knob.name, f"needs FP8 GEMMs (a shape with dtype fp8, not {gemm.dtype})", True)
+    if config.atomic_gemm:
+        raise ConfigError("atomic_gemm", ATOMIC_GEMM_RULE, True)
+    if config.fp8_buf and config.method != Method.PIPELINE:
+        raise ConfigError(
+            "fp8_buf",
+            "TE honours fp8_buf only for pipeline: at FP8 an all-gather always moves FP8 data and the other "
+            f"reduce-scatters bf16 partials (got method {config.method.value})",
             True,
         )
 

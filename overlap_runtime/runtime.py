@@ -59,8 +59,6 @@ class Runtime:
         """Raise unless this runtime can measure ``config`` for ``slot`` of ``shape``."""
         if shape.tp != self.tp:
             raise ShapeError("tp", f"this runtime's TP group has {self.tp} ranks", shape.tp)
-        if shape.dtype != "bf16":
-            raise ShapeError("dtype", "the runtime measures bf16 GEMMs only (FP8 is not implemented yet)", shape.dtype)
         check_config(config, problem(shape, Slot(slot), config.method), backend=self.backend, limits=self.limits)
 
     def measure(

@@ -18,8 +18,10 @@ Ranges start from NVIDIA's presets (docs/te_rules.md, NVIDIA's preset files) and
 where crossing every knob with
 every other would only multiply near-duplicates, a knob is implied instead of asked (each tree says
 which and why).  Stream priorities (``comm_priority`` / ``gemm_priority``) are left out: no NVIDIA preset
-sets them and TE's defaults (comm highest, GEMM lowest) are what overlap wants.  ``atomic_gemm`` and
-``fp8_buf`` are left out because the runtime runs bf16 GEMMs only.
+sets them and TE's defaults (comm highest, GEMM lowest) are what overlap wants.  ``atomic_gemm`` is left
+out: TE's atomic GEMM needs a cuBLAS older than CUDA 13's (`overlap_runtime.config.ATOMIC_GEMM_RULE`), and the
+fused ring is its analogue here.  ``fp8_buf`` is asked where TE honours it, a pipeline of an fp8 shape: every
+other FP8 slot's buffer is fixed (all-gathers move FP8 data, the other reduce-scatters bf16 partials).
 
 Grid sizes on an H100/H200 (64-SM cap), hidden 8192, tp 8: an all-gather slot 384 configs, a bulk wgrad
 slot 127, proj_fprop 478, qkv_dgrad 604 (bulk, ring_exchange and pipeline).  The pipeline grid grows with
@@ -217,6 +219,7 @@ def slot_space(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLim
         "num_max_streams": STREAMS,
         "gemm": GEMM_KINDS,
         "fused": (False, True),
+        "fp8_buf": (False, True),
     }
     params = {name: Param(name=name, choices=values) for name, values in choices.items()}
     return SlotSpace(slot=slot, shape=shape, backend=backend, limits=limits, methods=methods, params=params)
@@ -274,7 +277,7 @@ def _fused_ring(space: SlotSpace) -> Tree:
 def _pipeline(space: SlotSpace, gemm: SlotGemm) -> Tree:
     """num_splits output chunks; the reduce-scatter of chunk i runs while chunk i+1 computes.
 
-    The SM margin is implied: without it the next GEMM chunk holds every SM and the chunk's
+    At FP8 the partials may travel through an FP8 buffer (``fp8_buf``, half the bytes).  The SM margin is implied: without it the next GEMM chunk holds every SM and the chunk's
     reduce-scatter waits for it, which serializes the pipeline (TE's default and every Hopper preset set
     it).  cga_size stays at TE's 2 (every NVIDIA pipeline preset; the guide recommends <= 2): crossing it
     too would triple the largest grid of the catalog.
@@ -282,6 +285,8 @@ def _pipeline(space: SlotSpace, gemm: SlotGemm) -> Tree:
     knobs: dict[str, Any] = {}
     knobs["num_splits"] = yield space.params["num_splits"]
     knobs["pipeline_rs_overlap_first_gemm"] = yield space.params["pipeline_rs_overlap_first_gemm"]
+    if gemm.dtype == "fp8":  # NVIDIA's FP8 presets set it on every pipeline slot; its bf16 ones never
+        knobs["fp8_buf"] = yield space.params["fp8_buf"]
     if space.cpu:
         return knobs
     knobs["num_sm"] = yield space.params["num_sm"]
