@@ -146,6 +146,25 @@ def uses_rs_dgrad(slot: Slot, method: Method) -> bool:
     return slot in RS_DGRAD_SLOTS and method in (Method.RING_EXCHANGE, Method.PIPELINE)
 
 
+FP8_ALIGN = 16
+"""FP8 GEMMs need K and N multiples of 16: ``torch._scaled_mm``'s rule (and 16-byte rows for TMA)."""
+
+
+def splits_fit(gemm: SlotGemm, splits: int) -> bool:
+    """Whether ``gemm``'s output width splits into ``splits`` equal chunks that its dtype can run: FP8 chunks
+    keep the width's multiple of `FP8_ALIGN` (a width without one is the shape's problem, `fp8_misfit`)."""
+    if gemm.n % splits:
+        return False
+    return gemm.dtype != "fp8" or gemm.n % FP8_ALIGN != 0 or gemm.n // splits % FP8_ALIGN == 0
+
+
+def fp8_misfit(gemm: SlotGemm) -> str | None:
+    """Why an FP8 GEMM of these dims cannot run (K or N not a multiple of `FP8_ALIGN`); None when it can."""
+    if gemm.dtype != "fp8" or (gemm.k % FP8_ALIGN == 0 and gemm.n % FP8_ALIGN == 0):
+        return None
+    return f"FP8 GEMMs need K and N multiples of {FP8_ALIGN} (torch._scaled_mm); {gemm.slot.value} has K={gemm.k}, N={gemm.n}"
+
+
 def problem(shape: ModelShape, slot: Slot, method: Method) -> SlotGemm:
     """The GEMM + collective that ``method`` runs for ``slot``."""
     return slot_gemm(shape, Slot(slot), rs_dgrad=uses_rs_dgrad(Slot(slot), Method(method)))
@@ -271,10 +290,11 @@ def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | N
             raise ConfigError(
                 "num_splits", f"only pipeline and ring_exchange split the GEMM, not {method.value}", config.num_splits
             )
-        elif not 1 <= config.num_splits <= MAX_NUM_SPLITS or gemm.n % config.num_splits:
+        elif not 1 <= config.num_splits <= MAX_NUM_SPLITS or not splits_fit(gemm, config.num_splits):
+            fp8 = f" into chunks {FP8_ALIGN} wide or a multiple (FP8 GEMMs)" if gemm.dtype == "fp8" else ""
             raise ConfigError(
                 "num_splits",
-                f"must be between 1 and {MAX_NUM_SPLITS} and divide the output width {gemm.n}",
+                f"must be between 1 and {MAX_NUM_SPLITS} and divide the output width {gemm.n}{fp8}",
                 config.num_splits,
             )
     if config.aggregate:

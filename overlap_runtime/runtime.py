@@ -6,7 +6,7 @@ CLI and the service can import this module in well under a second.
 
 from __future__ import annotations
 
-from overlap_runtime.config import BACKENDS, DeviceLimits, OverlapConfig, check_config, problem
+from overlap_runtime.config import BACKENDS, DeviceLimits, OverlapConfig, check_config, fp8_misfit, problem
 from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.group import TPGroup
 from overlap_runtime.measurement import BaselineSource, Measurement
@@ -59,6 +59,9 @@ class Runtime:
         """Raise unless this runtime can measure ``config`` for ``slot`` of ``shape``."""
         if shape.tp != self.tp:
             raise ShapeError("tp", f"this runtime's TP group has {self.tp} ranks", shape.tp)
+        misfit = fp8_misfit(problem(shape, Slot(slot), config.method))
+        if misfit is not None:
+            raise ShapeError("dtype", misfit, shape.dtype)
         check_config(config, problem(shape, Slot(slot), config.method), backend=self.backend, limits=self.limits)
 
     def measure(

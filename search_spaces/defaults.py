@@ -27,7 +27,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from overlap_runtime.config import ATOMIC_GEMM_RULE, DeviceLimits, Method, OverlapConfig, check_config, problem
+from overlap_runtime.config import (
+    ATOMIC_GEMM_RULE,
+    DeviceLimits,
+    Method,
+    OverlapConfig,
+    check_config,
+    problem,
+    splits_fit,
+)
 from overlap_runtime.knobs import CONFIG_KNOBS, Fp8Use, Origin
 from overlap_runtime.shape import ModelShape, Slot, SlotGemm
 from search_spaces.catalog import slot_info
@@ -65,14 +73,15 @@ def te_default(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLim
 
     Two adjustments keep it runnable on any shape and device: TE splits the pipeline GEMM into 4 chunks by
     integer division, the runtime needs equal chunks, so num_splits is the largest divisor of the output
-    width up to 4; TE's 16 comm SMs become the largest num_sm grid value up to 16 that the device allows.
+    width up to 4 (at FP8 one whose chunks are 16 wide or a multiple); TE's 16 comm SMs become the largest
+    num_sm grid value up to 16 that the device allows.
     """
     slot = Slot(slot)
     method = slot_info(slot).default_method
     entry = te_defaults(slot, method)
     if "num_splits" in entry:
-        width = problem(shape, slot, method).n
-        entry["num_splits"] = max(n for n in range(1, entry["num_splits"] + 1) if width % n == 0)
+        gemm = problem(shape, slot, method)
+        entry["num_splits"] = max((n for n in range(1, entry["num_splits"] + 1) if splits_fit(gemm, n)), default=1)
     if method != Method.RING_EXCHANGE:
         entry["num_sm"] = max(n for n in sm_choices(limits) if n <= entry["num_sm"])
         entry["cga_size"] = min(entry["cga_size"], entry["num_sm"])

@@ -36,7 +36,7 @@ from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from overlap_runtime.config import DEFAULTS, DeviceLimits, Method, OverlapConfig, check_config, problem
+from overlap_runtime.config import DEFAULTS, DeviceLimits, Method, OverlapConfig, check_config, problem, splits_fit
 from overlap_runtime.errors import ConfigError, InputError
 from overlap_runtime.knobs import BACKENDS, GEMM_KINDS, MAX_NUM_SM, MAX_NUM_SPLITS
 from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
@@ -188,8 +188,9 @@ def sm_choices(limits: DeviceLimits | None) -> tuple[int, ...]:
 
 
 def pipeline_splits(gemm: SlotGemm) -> tuple[int, ...]:
-    """num_splits values for pipeline: 2..16 dividing the output width (the runtime needs equal chunks)."""
-    return tuple(n for n in range(PIPELINE_MIN_SPLITS, MAX_NUM_SPLITS + 1) if gemm.n % n == 0)
+    """num_splits values for pipeline: 2..16 dividing the output width into equal chunks the GEMM's dtype can run
+    (`overlap_runtime.config.splits_fit`)."""
+    return tuple(n for n in range(PIPELINE_MIN_SPLITS, MAX_NUM_SPLITS + 1) if splits_fit(gemm, n))
 
 
 def can_aggregate(gemm: SlotGemm) -> bool:

@@ -198,6 +198,10 @@ def test_runtime_refuses_what_it_cannot_measure(runtime: Runtime) -> None:
         runtime.measure(shape_for(runtime.tp * 2), Slot.QKV_FPROP, OverlapConfig(method="none"))
     with pytest.raises(ConfigError, match="needs FP8 GEMMs"):
         runtime.measure(shape_for(runtime.tp), Slot.PROJ_FPROP, OverlapConfig(method="pipeline", fp8_buf=True))
+    narrow = ModelShape(hidden=24 * runtime.tp, tp=runtime.tp, seq=16 * runtime.tp, dtype="fp8")  # K = 24
+    with pytest.raises(ShapeError, match="multiples of 16") as info:
+        runtime.measure(narrow, Slot.PROJ_FPROP, OverlapConfig(method="none"))
+    assert info.value.field == "dtype"
 
 
 @pytest.mark.parametrize("slot", TUNED_SLOTS, ids=str)

@@ -28,7 +28,7 @@ from search_spaces import (
     tunable_slots,
 )
 from search_spaces.defaults import substitutions
-from search_spaces.space import sm_choices
+from search_spaces.space import pipeline_splits, sm_choices
 
 H200 = DeviceLimits(sm_count=132)
 BACKENDS = ("cpu", "cuda")
@@ -436,6 +436,22 @@ def test_an_atomic_gemm_at_fp8_is_scored_as_its_nearest_runnable_equivalent_and_
     (line,) = substitutions(shape, atomic)
     assert "nearest runnable equivalent" in line and "cuBLAS >= 12.2 and < 13.0" in line
     assert substitutions(shape, replace(atomic, atomic_gemm=False)) == ()
+
+
+def test_fp8_pipeline_chunks_are_16_wide_or_a_multiple() -> None:
+    """torch._scaled_mm needs N a multiple of 16: hidden 96 splits into 2, 3 and 6 at bf16, only 2 and 3 at fp8."""
+    bf16 = ModelShape(hidden=96, tp=2, seq=64)
+    assert pipeline_splits(problem(bf16, Slot.PROJ_FPROP, Method.PIPELINE)) == (2, 3, 4, 6, 8, 12, 16)
+    fp8 = replace(bf16, dtype="fp8")
+    assert pipeline_splits(problem(fp8, Slot.PROJ_FPROP, Method.PIPELINE)) == (2, 3, 6)
+    with pytest.raises(ConfigError, match="16 wide") as info:
+        check_config(
+            OverlapConfig(method=Method.PIPELINE, num_splits=4),
+            problem(fp8, Slot.PROJ_FPROP, Method.PIPELINE),
+            backend="cpu",
+        )
+    assert info.value.field == "num_splits"
+    assert te_default(fp8, Slot.PROJ_FPROP, backend="cpu").num_splits == 3  # TE's 4, the largest that fits
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
