@@ -18,7 +18,7 @@ from autotune.gpu import preset_gpu_name
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import InputError
 from search_spaces.defaults import as_runnable, substitutions, te_default
-from search_spaces.registry import nearest
+from search_spaces.registry import PresetRegistry
 from search_spaces.space import SlotSpace
 
 NONE = "none"
@@ -67,13 +67,15 @@ def baselines(
     gpu: str,
     measure_first: Sequence[OverlapConfig] = (),
     warm_start: Sequence[OverlapConfig] = (),
+    registry: PresetRegistry | None = None,
 ) -> Baselines:
     """The baselines of ``space``'s slot on ``gpu``, deduplicated, each checked against the space (the
-    configs to measure first only against the runtime's rules, `SlotSpace.check`)."""
+    configs to measure first only against the runtime's rules, `SlotSpace.check`); the preset is the nearest of
+    ``registry`` (None: NVIDIA's presets)."""
     preset_caveats: list[str] = []
 
     def preset() -> OverlapConfig:
-        config, caveats = nearest_preset(space, gpu=gpu)
+        config, caveats = nearest_preset(space, gpu=gpu, registry=registry)
         preset_caveats.extend(caveats)
         return config
 
@@ -110,9 +112,13 @@ def nearest_preset_config(space: SlotSpace, *, gpu: str) -> OverlapConfig:
     return nearest_preset(space, gpu=gpu)[0]
 
 
-def nearest_preset(space: SlotSpace, *, gpu: str) -> tuple[OverlapConfig, tuple[str, ...]]:
-    """`nearest_preset_config` and its caveats: one line per knob scored as its nearest runnable equivalent."""
-    preset, distance = nearest(space.shape, gpu=preset_gpu_name(gpu), dtype=space.shape.dtype)
+def nearest_preset(
+    space: SlotSpace, *, gpu: str, registry: PresetRegistry | None = None
+) -> tuple[OverlapConfig, tuple[str, ...]]:
+    """`nearest_preset_config` and its caveats: one line per knob scored as its nearest runnable equivalent.
+    ``registry``: where the presets come from (None: NVIDIA's, `search_spaces.registry.nearest`)."""
+    registry = registry or PresetRegistry.with_nvidia()
+    preset, distance = registry.nearest(space.shape, gpu=preset_gpu_name(gpu), dtype=space.shape.dtype)
     entry = preset.configs.get(space.slot)
     where = f"{preset.source} (distance {distance:.2f})"
     if entry is None:

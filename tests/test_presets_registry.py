@@ -182,3 +182,17 @@ def test_an_fp8_shape_starts_from_nvidias_fp8_preset_with_its_fp8_buffer() -> No
     assert preset.method == Method.PIPELINE and preset.fp8_buf and preset.num_sm == 24 and preset.num_splits == 4
     assert found.caveats == ()  # NVIDIA's files set no atomic GEMM
     assert not next(b.config for b in found.configs if TE_DEFAULT in b.labels).fp8_buf  # TE's default: bf16 partials
+
+
+def test_a_preset_atomic_gemm_is_scored_as_its_nearest_runnable_equivalent_and_the_study_says_so() -> None:
+    shape = ModelShape(hidden=1024, tp=2, seq=1024, dtype="fp8")
+    text = "proj_fprop:\n  method: pipeline\n  num_sm: 16\n  num_splits: 4\n  set_sm_margin: 1\n  fp8_buf: 1\n"
+    atomic = parse_nemo(text + "  atomic_gemm: 1\n", name="ub_cfg_h200_fp8_h1024_tp2_mbs1_seqlen1024.yaml")
+    space = slot_space(shape, Slot.PROJ_FPROP, backend="cuda", limits=DeviceLimits(sm_count=132))
+    found = baselines(space, gpu="NVIDIA H200", registry=PresetRegistry([atomic]))
+    (preset,) = [b.config for b in found.configs if PRESET in b.labels]
+    assert not preset.atomic_gemm and preset.fp8_buf and preset.num_sm == 16
+    (caveat,) = found.caveats
+    assert caveat.startswith("preset: ub_cfg_h200_fp8_h1024_tp2_mbs1_seqlen1024.yaml (distance 0.00) proj_fprop:")
+    assert "atomic_gemm scored as the same entry without it" in caveat and "cuBLAS >= 12.2 and < 13.0" in caveat
+    assert type(found).from_dict(found.to_dict()) == found  # kept with the study across restarts
