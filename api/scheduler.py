@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import optuna
 from sqlalchemy import Engine
@@ -379,7 +380,7 @@ def _optuna_storage(engine: Engine) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on our database: SQLite waits for the write lock as our engine does."""
     url = engine.url.render_as_string(hide_password=False)
     if engine.dialect.name == "sqlite":
-        kwargs = {"connect_args": {"timeout": storage.engine.SQLITE_BUSY_TIMEOUT_MS / 1000}}
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": storage.engine.SQLITE_BUSY_TIMEOUT_MS / 1000}}
     else:
         kwargs = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)

@@ -149,7 +149,7 @@ class Client:
             if response.is_error:
                 response.read()
                 raise _error(response)
-            event, data = "message", []
+            event, data = "message", list[str]()
             for line in response.iter_lines():
                 if line.startswith(":"):
                     continue

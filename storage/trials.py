@@ -222,7 +222,7 @@ def fail_trial(
     now = now or utcnow()
     values = {"state": TrialState.FAILED, "error": reason, "finished_at": now}
     if worker_id is None:
-        conditions = [Trial.state.in_((TrialState.WAITING, TrialState.RUNNING))]
+        conditions: list[ColumnElement[bool]] = [Trial.state.in_((TrialState.WAITING, TrialState.RUNNING))]
     else:
         conditions = _lease_held(worker_id, now)
     trial = _finish(session=session, trial_id=trial_id, conditions=conditions, values=values)

@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
@@ -38,7 +38,7 @@ EVENT_POLL_S = 1.0
 EVENT_STREAM_MAX_S = 600.0
 """An event stream ends after this long (the browser reconnects): proxies and load balancers cut idle streams."""
 
-NOT_FOUND = {404: {"model": ErrorPublic, "description": "No job with this id"}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "description": "No job with this id"}}
 
 
 @router.post(

@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response, status
 
 import storage
 from api.deps import Authorized, SessionDep, SettingsDep
-from api.schemas import ClaimPublic, ErrorPublic, LeasePublic, TrialPublicState, TrialReport, WorkerCreate, WorkerPublic
+from api.schemas import (
+    ClaimPublic,
+    ErrorPublic,
+    LeasePublic,
+    ProposalBody,
+    TrialPublicState,
+    TrialReport,
+    WorkerCreate,
+    WorkerPublic,
+)
 from api.trial_rows import measurement_json, proposal_of
 from overlap_runtime.errors import InputError
 from storage import Backend
@@ -25,7 +34,11 @@ from storage import Backend
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 TrialId = Annotated[int, Path(ge=1, le=(1 << 31) - 1)]
-ERRORS = {401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}, 409: {"model": ErrorPublic}}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorPublic},
+    404: {"model": ErrorPublic},
+    409: {"model": ErrorPublic},
+}
 
 
 @router.get("")
@@ -65,13 +78,14 @@ def claim(worker_id: uuid.UUID, session: SessionDep, settings: SettingsDep) -> R
     got = storage.claim_trial(session=session, worker_id=str(worker_id), lease=timedelta(seconds=settings.lease_s))
     if got is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
+    assert got.trial.lease_expires_at is not None  # claim_trial leases what it returns
     return ClaimPublic(
         trial_id=got.trial.id,
         job_id=got.job.id,
         slot=got.study.slot,
         shape=got.job.shape,
         backend=got.job.backend.value,
-        proposal=got.trial.config,
+        proposal=ProposalBody.model_validate(got.trial.config),
         lease_expires_at=got.trial.lease_expires_at,
         lease_s=settings.lease_s,
     )
