@@ -425,7 +425,7 @@ class BaselinesCreate(Strict):
 
 class MeasurementCreate(Strict):
     """One config's `overlap_runtime.measurement.Measurement.to_dict()`; None stands for an infinite time.
-    ``positions``, ``baselines`` and ``hidden_ci`` came later: a worker that leaves them out is still heard."""
+    ``positions``, ``baselines``, ``hidden_ci`` and ``ub_init_ms`` came later: a worker that leaves them out is still heard."""
 
     gemm_ms: Finite | None
     comm_ms: Finite | None
@@ -439,6 +439,8 @@ class MeasurementCreate(Strict):
     positions: Positions = []
     baselines: BaselinesCreate | None = None
     hidden_ci: Annotated[list[Finite], Field(min_length=2, max_length=2)] | None = None
+    ub_init_ms: Annotated[float, Field(ge=0, le=1e9)] | None = None
+    """The te backend's userbuffers (re)initialization time in this trial; None elsewhere."""
     exposed_ms: Finite | None = None
     hidden_frac: Finite | None = None
 
