@@ -368,6 +368,8 @@ class WorkerCreate(Strict):
     gpu_model: Name | None = None
     """The model all its GPUs share; None for a CPU worker or a mixed box (it then takes only unpinned jobs)."""
     n_gpus: Annotated[int, Field(ge=0, le=1024)] = 0
+    te_version: Annotated[str, Field(max_length=64, pattern=NAME_PATTERN)] | None = None
+    """TransformerEngine's version on the worker's host, None without it: te jobs run only where it is set."""
 
 
 class WorkerPublic(BaseModel):
@@ -380,6 +382,7 @@ class WorkerPublic(BaseModel):
     gpus: list[dict[str, Any]]
     gpu_model: str | None
     n_gpus: int
+    te_version: str | None
     status: str
     registered_at: datetime
     last_heartbeat: datetime
