@@ -26,7 +26,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._()/:+-]*$"
 """GPU models, host and worker names: what NVML and hostnames produce, nothing that breaks a log line."""
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
-Backend = Literal["cpu", "cuda"]
+Backend = Literal["cpu", "cuda", "te"]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
