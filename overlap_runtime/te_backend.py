@@ -60,8 +60,6 @@ INSTALL_HINT = (
     "'transformer-engine[pytorch]' (it builds against this host's torch), or run in an NGC PyTorch container "
     "(nvcr.io/nvidia/pytorch), which ships it; a GPU host without network: bench/te_install.sh"
 )
-_MODULES = ("transformer_engine", "transformer_engine_torch")
-"""TE's Python package and its PyTorch extension: both must be importable."""
 _DISTRIBUTIONS = ("transformer-engine", "transformer-engine-torch", "transformer_engine")
 """Where TE's version is recorded, first found wins (pip's meta package, the extension, a source build)."""
 CHECK_CALLS = 2
@@ -73,8 +71,11 @@ ROTATE_BYTES = 128 << 20
 
 
 def te_version() -> str | None:
-    """The installed TE's version, None without TE; looks the packages up without importing them (no CUDA)."""
-    if any(importlib.util.find_spec(name) is None for name in _MODULES):
+    """The installed TE's version, None without TE; looks the package up without importing it (no CUDA).
+    Its PyTorch extension is not looked for: some installs load it from inside the package (older recipes
+    copied it into ``transformer_engine/wheel_lib``), so a broken one shows when the ranks import
+    ``transformer_engine.pytorch``: a failed trial naming the error (`bench/te_check.py` checks the import)."""
+    if importlib.util.find_spec("transformer_engine") is None:
         return None
     for dist in _DISTRIBUTIONS:
         try:
@@ -147,7 +148,7 @@ def _userbuffers(ctx: RankContext) -> _Userbuffers:
 
 
 @dataclass(kw_only=True)
-class _Calls:
+class Calls:
     """One ``te.Linear`` called on rotating inputs: `before` hands it the next ones (and, for a backward
     slot, runs the forward), `run` is the timed call, `outputs` what the check compares."""
 
@@ -228,37 +229,47 @@ class _Slot:
     slot: Slot
     seed: int
     weight: Any
-    calls: dict[LinearCall, _Calls] = field(default_factory=dict)
+    calls: dict[LinearCall, Calls] = field(default_factory=dict)
 
-    def calls_of(self, ctx: RankContext, call: LinearCall) -> _Calls:
+    def calls_of(self, ctx: RankContext, call: LinearCall) -> Calls:
         """The module of ``call`` with its inputs (seeded by the slot's seed), built on first use."""
         if call not in self.calls:
-            import torch
-            import torch.distributed as dist
-            import transformer_engine.pytorch as te
-
-            group = dist.group.WORLD if call.tp_size > 1 else None
-            module = te.Linear(**call.kwargs(), tp_group=group, params_dtype=torch.bfloat16, device=ctx.device)
-            with torch.no_grad():
-                module.weight.copy_(self.weight)
-            gen = torch.Generator(device=ctx.device).manual_seed(self.seed * 1000 + ctx.rank + 1)
-            n = _n_sets(call.input_shape, call.grad_shape)
-            sets = [
-                (_rand(gen, call.input_shape, ctx.device), _rand(gen, call.grad_shape, ctx.device)) for _ in range(n)
-            ]
-            self.calls[call] = _Calls(module=module, call=call, sets=sets)
+            seed = self.seed * 1000 + ctx.rank + 1
+            self.calls[call] = linear_calls(call, self.weight, device=ctx.device, seed=seed)
         return self.calls[call]
+
+
+def linear_calls(call: LinearCall, weight: Any, *, device: Any, seed: int) -> Calls:
+    """``call``'s ``te.Linear`` holding ``weight`` (this rank's shard), on rotating random inputs seeded by
+    ``seed``; a module with ``tp_size`` above 1 runs on the default process group."""
+    import torch
+    import torch.distributed as dist
+    import transformer_engine.pytorch as te
+
+    group = dist.group.WORLD if call.tp_size > 1 else None
+    module = te.Linear(**call.kwargs(), tp_group=group, params_dtype=torch.bfloat16, device=device)
+    with torch.no_grad():
+        module.weight.copy_(weight)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    n = _n_sets(call.input_shape, call.grad_shape)
+    sets = [(_rand(gen, call.input_shape, device), _rand(gen, call.grad_shape, device)) for _ in range(n)]
+    return Calls(module=module, call=call, sets=sets)
+
+
+def random_weight(call: LinearCall, *, device: Any, seed: int) -> Any:
+    """A random bf16 weight of ``call``'s one-GPU module (`te_args.local_linear`): the per-rank shard that
+    the TP modules of the slot hold too."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return _rand(gen, (call.out_features, call.in_features), device)
 
 
 def _slot_modules(ctx: RankContext, shape: ModelShape, slot: Slot, seed: int) -> _Slot:
     """The slot's modules, the latest slot's only (a new slot frees the last one's weights and inputs)."""
     held = ctx.state.get("te_slot")
     if held is None or (held.shape, held.slot, held.seed) != (shape, slot, seed):
-        import torch
-
-        local = local_linear(shape, slot)
-        gen = torch.Generator(device=ctx.device).manual_seed(seed * 1000 + ctx.rank)
-        weight = _rand(gen, (local.out_features, local.in_features), ctx.device)
+        weight = random_weight(local_linear(shape, slot), device=ctx.device, seed=seed * 1000 + ctx.rank)
         held = _Slot(shape=shape, slot=slot, seed=seed, weight=weight)
         ctx.state["te_slot"] = held
     return held
@@ -268,9 +279,9 @@ def _slot_modules(ctx: RankContext, shape: ModelShape, slot: Slot, seed: int) ->
 class _Problem:
     """One problem's baselines (`harness`'s order: gemm, comm, serial)."""
 
-    gemm: _Calls
+    gemm: Calls
     comm: _Collective
-    serial: _Calls
+    serial: Calls
     timed: dict[str, Any]
 
     def time(self, ctx: RankContext, dev: Any, **timing: int) -> None:
@@ -307,7 +318,7 @@ def _problem(ctx: RankContext, held: _Slot, gemm: SlotGemm) -> _Problem:
 class _Candidate:
     config: OverlapConfig
     gemm: SlotGemm
-    calls: _Calls
+    calls: Calls
     cfgs: dict[str, Any] | None
     timed: Any
     ub_ms: float = 0.0
@@ -378,7 +389,7 @@ def te_measure_task(
     ]
 
 
-def _check_numerics(dev: Any, calls: _Calls, reference: _Calls) -> float:
+def _check_numerics(dev: Any, calls: Calls, reference: Calls) -> float:
     """Worst-rank relative error of ``calls`` against the module without userbuffers, on the same inputs."""
     from overlap_runtime.harness import relative_error
 

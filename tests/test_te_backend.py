@@ -4,8 +4,12 @@ places te jobs only on te workers whose inventory reports TE (workers registered
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +25,7 @@ from overlap_runtime.te_backend import te_version
 
 pytest_plugins = ("conftest_service",)  # make_service, sqlite_url
 
+REPO = Path(__file__).resolve().parents[1]
 SHAPE = ModelShape(hidden=512, tp=2, seq=512)
 SHAPE_ARGS = ["--hidden", "512", "--tp", "2", "--seq", "512"]
 without_te = pytest.mark.skipif(
@@ -99,7 +104,9 @@ def test_te_jobs_run_only_on_te_workers_whose_inventory_reports_te(
             check_config(config, problem(SHAPE, Slot.QKV_FPROP, config.method), backend="te")
         running = client.job(job.id)
         assert (running.status, running.gpu) == ("running", "NVIDIA H200")  # claims match the model's full name
-        assert any(t.state == "waiting" for t in client.all_trials(job.id))
+        service.wait_until(
+            lambda: any(t.state == "waiting" for t in client.all_trials(job.id)), timeout_s=30, what="a waiting trial"
+        )
         assert client.claim(lacking.id) is None and client.claim(cuda.id) is None  # still never theirs
         assert {w.name: w.te_version for w in client.workers()} == {
             "te-without-te": None,
@@ -111,3 +118,24 @@ def test_te_jobs_run_only_on_te_workers_whose_inventory_reports_te(
         (study,) = storage.list_layer_studies(session=session, job_id=job.id)
     engine.dispose()
     assert ":NVIDIA H200 [te]:" in study.optuna_study_name  # TE's measurements never share our runtime's study
+
+
+@without_te
+def test_te_check_writes_why_te_does_not_import_and_exits_1(tmp_path: Any) -> None:
+    out = tmp_path / "te_check.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "te_check.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    report = json.loads(out.read_text())
+    assert report["te"] == {
+        "imports": False,
+        "version": None,
+        "error": "ModuleNotFoundError: No module named 'transformer_engine'",
+    }
+    assert report["te_env"] == {"UB_SKIPMC": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_NVLS_ENABLE": "0"}
+    assert report["env"]["torch"] and report["shape"]["hidden"] == 8192
+    assert "error: import transformer_engine.pytorch failed" in done.stderr
