@@ -25,6 +25,7 @@ from overlap_runtime.te_args import (
     ub_init,
 )
 from search_spaces import slot_space, te_default, tunable_slots
+from search_spaces.te_exact import is_te_exact
 
 RX, PL, BULK = Method.RING_EXCHANGE, Method.PIPELINE, Method.BULK
 SHAPE = ModelShape(hidden=1024, tp=2, seq=512)  # T 512, H 1024, F 4096, Q 3072
@@ -243,6 +244,7 @@ def test_every_config_of_the_te_space_runs_on_te_and_round_trips_through_its_ent
         for config in space.configs():
             check_config(config, problem(shape, Slot(slot), config.method), backend="te", limits=H200)
             assert not any(getattr(config, k) for k in ("gemm", "num_max_streams", "fused")), config
+            assert is_te_exact(config, tp, backend="te") == (config.method != Method.NONE)
             if config.method != Method.NONE:
                 assert config_of(ub_entry(config)) == config
                 seen |= set(ub_entry(config))
