@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session
 import storage
 from api.leadership import Leadership
 from api.trial_rows import fastest, measurements_of, proposal_of
-from autotune.gpu import CPU, gpu_matches
+from autotune.gpu import CPU, gpu_matches, model_of, results_gpu
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
 from overlap_runtime.config import DeviceLimits, OverlapConfig
@@ -203,7 +203,7 @@ class Scheduler:
             storage.update_layer_study(session=session, study_id=study.id, status=JobStatus.RUNNING)
         busy |= set(names.values())
         # A job that named its GPU now carries the model's full name, which worker claims match exactly.
-        resolved = None if job.gpu is None else gpu
+        resolved = None if job.gpu is None else model_of(gpu)
         storage.set_job_status(session=session, job_id=job.id, status=JobStatus.RUNNING, gpu=resolved)
         log.info("job %s started on %s (%d slots)", job.id, gpu, len(names))
 
@@ -215,21 +215,25 @@ class Scheduler:
         }
 
     def _gpu_for(self, *, session: Session, job: Job) -> str | None:
-        """The GPU model the job's results are keyed by: "cpu", or the model of a worker that can run it and
-        that the job's ``gpu`` selects (`gpu_matches`: "h200" selects "NVIDIA H200"); None while there is none,
-        so a cuda job waits for its first worker."""
+        """The GPU name the job's results are keyed by: "cpu", or the model of a worker that can run it and
+        that the job's ``gpu`` selects (`gpu_matches`: "h200" selects "NVIDIA H200"), marked on te
+        (`results_gpu`); None while there is none, so a GPU job waits for its first worker.  A te job needs a
+        te worker whose inventory reports TransformerEngine (``te_version``)."""
         if job.backend == Backend.CPU:
             return CPU
         capable = [
             w.gpu_model
             for w in storage.list_workers(session=session)
             if w.status != WorkerStatus.LOST
-            and w.backend == Backend.CUDA
+            and w.backend == job.backend
+            and (job.backend != Backend.TE or w.te_version is not None)
             and w.n_gpus >= job.tp
             and w.gpu_model is not None
             and (job.gpu is None or gpu_matches(w.gpu_model, job.gpu))
         ]
-        return Counter(capable).most_common(1)[0][0] if capable else None
+        if not capable:
+            return None
+        return results_gpu(Counter(capable).most_common(1)[0][0], job.backend.value)
 
     def _drive(self, session: Session, job: Job) -> None:
         """Tell, record, ask for every active slot of a running job; end the job once every slot is decided."""
@@ -440,11 +444,12 @@ def _limits(*, session: Session, gpu: str) -> DeviceLimits | None:
     """The SM count of ``gpu`` as its workers reported it (lost ones too: a model's SM count does not change)."""
     if gpu == CPU:
         return None
+    model = model_of(gpu)
     counts = [
         g["sm_count"]
         for w in storage.list_workers(session=session)
-        if w.gpu_model == gpu
+        if w.gpu_model == model
         for g in w.gpus
-        if g.get("name") == gpu and g.get("sm_count")
+        if g.get("name") == model and g.get("sm_count")
     ]
     return DeviceLimits(sm_count=min(counts)) if counts else None

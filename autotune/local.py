@@ -22,14 +22,14 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from sqlalchemy import Engine
 
-from autotune.gpu import device_gpu_name, preset_gpu_name
+from autotune.gpu import device_gpu_name, preset_gpu_name, results_gpu
 from autotune.outcome import SlotOutcome
 from autotune.proposal import Proposal, Purpose
 from autotune.studies import SlotStudy
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import ConfigError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
-from overlap_runtime.runtime import Runtime
+from overlap_runtime.runtime import Runtime, open_runtime
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import tunable_slots
 from search_spaces.export import preset_from_results
@@ -121,10 +121,10 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     """Tune every requested slot; bad input (shape, layers, backend) raises `InputError` before anything runs."""
     shape = request.shape
     slots = tunable_slots(shape, request.layers)
-    with Runtime(tp=shape.tp, backend=request.backend) as runtime:
+    with open_runtime(tp=shape.tp, backend=request.backend) as runtime:
         for slot in slots:  # the runtime's shape rules (tp, dtype) as an InputError now, not as failed trials
             runtime.check(shape, slot, OverlapConfig(method=Method.NONE))
-        gpu = request.gpu or device_gpu_name(backend=request.backend)
+        gpu = results_gpu(request.gpu or device_gpu_name(backend=request.backend), request.backend)
         engine = create_engine_for(url=request.db)
         upgrade(engine=engine)
         storage = _optuna_storage(engine)

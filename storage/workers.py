@@ -29,6 +29,7 @@ def register_worker(
     gpu_model: str | None,
     n_gpus: int,
     backend: Backend,
+    te_version: str | None = None,
     now: datetime | None = None,
 ) -> Worker:
     """Register a worker process under a new id (a restarted worker registers again: its old row goes lost)."""
@@ -41,6 +42,7 @@ def register_worker(
         gpu_model=gpu_model,
         n_gpus=n_gpus,
         backend=Backend(backend),
+        te_version=te_version,
         status=WorkerStatus.IDLE,
         registered_at=now,
         last_heartbeat=now,

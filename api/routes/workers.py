@@ -58,6 +58,7 @@ def register_worker(body: WorkerCreate, session: SessionDep) -> WorkerPublic:
         gpu_model=body.gpu_model,
         n_gpus=body.n_gpus,
         backend=Backend(body.backend),
+        te_version=body.te_version,
     )
     return WorkerPublic.model_validate(worker)
 
