@@ -120,6 +120,7 @@ class Operands:
         key = (name, (n,))
         if key not in self.scratch:
             self.scratch[key] = Counters(dev, n)
+        self.scratch[key].begin()
         return self.scratch[key]
 
     def outputs(self) -> list[torch.Tensor]:
