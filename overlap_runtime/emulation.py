@@ -102,6 +102,9 @@ class HostStream:
         # OpenMP's thread count is per thread: without this a stream's matmuls would use every core, and
         # oversubscribed cores made a tiny GEMM take 40-70 ms.
         torch.set_num_threads(threads)
+        # Device work never records autograd: the layers queue it from autograd functions, where grad mode is off
+        # on the caller's thread only (it is per thread).
+        torch.set_grad_enabled(False)
         while True:
             work = self._queue.get()
             try:
