@@ -4,6 +4,7 @@ Pure Python + yaml (no torch): the service and the API use it on machines withou
 """
 
 from overlap_runtime.shape import ModelShape, Slot
+from search_spaces.bridge import bridge_file_name, parse_bridge, read_bridge, write_bridge
 from search_spaces.catalog import CATALOG, SlotInfo, off_switch, search_methods, slot_info, tunable_slots
 from search_spaces.defaults import as_runnable, te_default
 from search_spaces.export import SlotResult, preset_from_results
@@ -27,15 +28,18 @@ __all__ = [
     "SlotResult",
     "SlotSpace",
     "as_runnable",
+    "bridge_file_name",
     "distance",
     "nearest",
     "nvidia_presets",
     "off_switch",
+    "parse_bridge",
     "parse_file_name",
     "parse_nemo",
     "preset_file_name",
     "preset_from_results",
     "preset_json",
+    "read_bridge",
     "read_nemo",
     "search_methods",
     "slot_info",
@@ -44,5 +48,6 @@ __all__ = [
     "te_default",
     "to_te_dict",
     "tunable_slots",
+    "write_bridge",
     "write_nemo",
 ]

@@ -44,15 +44,19 @@ _SECTIONS = (
 def read_nemo(path: str | Path) -> Preset:
     """The preset in a NeMo/Megatron YAML file; PresetError naming the field and rule when TE would misread it."""
     path = Path(path)
+    return parse_nemo(read_text(path), name=path.name)
+
+
+def read_text(path: Path) -> str:
+    """A preset file's text: at most `MAX_PRESET_BYTES` of UTF-8 (a preset is a few hundred bytes)."""
     with path.open("rb") as f:
-        data = f.read(MAX_PRESET_BYTES + 1)  # never more: a preset is a few hundred bytes
+        data = f.read(MAX_PRESET_BYTES + 1)  # never more
     if len(data) > MAX_PRESET_BYTES:
         raise PresetError("file", f"must be at most {MAX_PRESET_BYTES} bytes (1 MiB); this one is larger", path.name)
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise PresetError("file", "must be UTF-8 text", str(e)) from None
-    return parse_nemo(text, name=path.name)
 
 
 def parse_nemo(text: str, *, name: str | None = None) -> Preset:
@@ -80,7 +84,11 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
 
 def parse_file_name(name: str | None) -> tuple[ModelShape | None, str | None, str | None]:
     """(shape, gpu, dtype) from an NVIDIA-style file name; Nones when the name does not follow the pattern."""
-    match = FILE_NAME.fullmatch(name or "")
+    return shape_from_name(FILE_NAME.fullmatch(name or ""), name)
+
+
+def shape_from_name(match: re.Match[str] | None, name: str | None) -> tuple[ModelShape | None, str | None, str | None]:
+    """(shape, gpu, dtype) from a match of NVIDIA's naming pattern (`FILE_NAME`, Bridge's preset names)."""
     if match is None:
         return None, None, None
     numbers = {k: int(match[k]) for k in ("hidden", "tp", "mbs", "seq")}

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.app import app
-from search_spaces import parse_nemo
+from search_spaces import parse_bridge, parse_nemo
 
 if TYPE_CHECKING:
     from click.testing import Result
@@ -80,6 +80,11 @@ def test_best_and_export_write_what_was_measured(cpu_service: Service, finished_
     assert "qkv_fprop" in {s.value for s in parse_nemo(path.read_text(), name=path.name).configs}
     te = run(cpu_service, "export", *SHAPE_ARGS, "--format", "te", "--out", str(tmp_path))
     assert te.exit_code == 0 and "qkv_fprop" in json.loads(Path(te.stdout.strip()).read_text())["ub_cfgs"]
+    bridge = run(cpu_service, "export", *SHAPE_ARGS, "--format", "bridge", "--out", str(tmp_path))
+    assert bridge.exit_code == 0, bridge.output
+    module = Path(bridge.stdout.strip())
+    assert module.name == "userbuffers_bf16_cpu_h64_tp2_mbs1_seqlen32.py"
+    assert parse_bridge(module.read_text()).configs == parse_nemo(path.read_text(), name=path.name).configs
 
 
 @pytest.mark.slow
