@@ -21,8 +21,8 @@ import yaml
 
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot
-from search_spaces.presets import Preset, PresetError, PresetWarning, to_slot
-from search_spaces.te_dict import FLAG_KEYS, parse_entry, te_entry
+from search_spaces.presets import Preset, PresetError, PresetWarning
+from search_spaces.te_dict import FLAG_KEYS, parse_ub_cfgs, te_entry
 
 MAX_PRESET_BYTES = 1 << 20
 
@@ -78,7 +78,7 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
             PresetWarning,
             stacklevel=2,
         )
-    configs = {to_slot(key): parse_entry(to_slot(key), entry) for key, entry in data.items()}
+    configs = parse_ub_cfgs(data)
     return Preset(configs=configs, shape=shape, gpu=gpu, dtype=dtype, source=name)
 
 

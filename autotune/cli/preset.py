@@ -1,5 +1,5 @@
 """`autotune preset`: check and convert TE userbuffers presets (NeMo/Megatron YAML, Megatron-Bridge / NeMo 2
-Python modules, TE ub_cfgs dict)."""
+Python modules, TE ub_cfgs JSON)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from search_spaces import (
     bridge_file_name,
     preset_file_name,
     preset_json,
-    read_bridge,
-    read_nemo,
+    read_preset,
     to_te_dict,
     write_bridge,
     write_nemo,
@@ -33,7 +32,7 @@ PresetFile = Annotated[
         exists=True,
         dir_okay=False,
         readable=True,
-        help="NeMo/Megatron ub_cfg YAML, or a Megatron-Bridge / NeMo 2 module (.py, read, never run)",
+        help="NeMo/Megatron ub_cfg YAML, a Megatron-Bridge / NeMo 2 module (.py, read, never run) or TE ub_cfgs JSON",
     ),
 ]
 PresetName = Annotated[
@@ -90,10 +89,10 @@ def preset_text(preset: Preset, to: Format) -> str:
 
 
 def _read(file: Path, name: str | None) -> tuple[Preset, list[str]]:
-    """The preset (a .py file is a Bridge module, anything else YAML) and its warnings, also on stderr."""
+    """The preset (by suffix: `search_spaces.preset_files`) and its warnings, also on stderr."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PresetWarning)
-        preset = read_bridge(file, name=name) if file.suffix == ".py" else read_nemo(file)
+        preset = read_preset(file, name=name)
     messages = [str(w.message) for w in caught if issubclass(w.category, PresetWarning)]
     for message in messages:
         print(f"warning: {message}", file=sys.stderr)
