@@ -33,7 +33,7 @@ from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.knobs import BY_NAME
 from overlap_runtime.shape import Slot
 from search_spaces.catalog import PL, SLOT_ORDER
-from search_spaces.nemo_yaml import read_text, shape_from_name
+from search_spaces.nemo_yaml import note_comment, read_text, shape_from_name
 from search_spaces.presets import Preset, PresetError, PresetWarning, to_slot
 from search_spaces.te_dict import parse_entry, te_defaults, used_keys
 
@@ -59,6 +59,8 @@ class CfgClass:
     base: str | None
     fields: Mapping[str, Any]
     """Own fields in order, each to its default; `dataclasses.MISSING` for a required one."""
+    doc: str = ""
+    """The docstring of a class we define in a module."""
 
 
 LAYER = "TransformerLayerTPOverlapCfg"
@@ -112,12 +114,14 @@ EXTERNAL_CLASS = CfgClass(
     name="ExternalOverlapCfg",
     base=ENTRY,
     fields={"num_sm": MISSING, "cga_size": MISSING, "set_sm_margin": MISSING, "method": "external"},
+    doc="TE's external method (the MXFP8 wgrad all-gather), which Bridge has no class for.",
 )
 """Ours, defined in the module when a preset has an external wgrad slot (Bridge has no class for it)."""
 EXTERNAL_LAYER = CfgClass(
     name="TransformerLayerTPOverlapCfgWithExternal",
     base=LAYER,
     fields={Slot.PROJ_WGRAD.value: None, Slot.FC2_WGRAD.value: None},
+    doc=f"{LAYER} with the external wgrad slots it lacks (None: left out).",
 )
 """Ours, for the external wgrad slots that `TransformerLayerTPOverlapCfg` lacks (None: left out)."""
 
@@ -183,9 +187,9 @@ def _entry(slot: Slot, config: OverlapConfig) -> _Entry:
     if not extras:
         return _Entry(cls=base, values=values)
     name = base.name + "With" + "".join(part.title() for key in extras for part in key.split("_"))
-    return _Entry(
-        cls=CfgClass(name=name, base=base.name, fields=dict.fromkeys(extras, MISSING)), values=values | extras
-    )
+    doc = f"{base.name} with TE ub_cfgs keys it lacks: asdict() passes them to TE like the others."
+    cls = CfgClass(name=name, base=base.name, fields=dict.fromkeys(extras, MISSING), doc=doc)
+    return _Entry(cls=cls, values=values | extras)
 
 
 def write_bridge(preset: Preset) -> str:
@@ -219,7 +223,7 @@ def write_bridge(preset: Preset) -> str:
     for cls in defined.values():
         lines += ["", "", *_class_lines(cls)]
     lines += ["", ""]
-    lines += [_comment(slot, note) for slot, note in preset.notes.items() if slot not in entries]
+    lines += [note_comment(slot, note) for slot, note in preset.notes.items() if slot not in entries]
     lines.append(f"{name} = {layer.name}(")
     for slot in (*_LAYER_SLOTS, Slot.PROJ_WGRAD, Slot.FC2_WGRAD):
         if slot not in entries:
@@ -227,7 +231,7 @@ def write_bridge(preset: Preset) -> str:
                 lines.append(f"    {slot.value}=None,")
             continue
         if slot in preset.notes:
-            lines.append(f"    {_comment(slot, preset.notes[slot])}")
+            lines.append(f"    {note_comment(slot, preset.notes[slot])}")
         entry = entries[slot]
         args = ", ".join(f"{key}={value!r}" for key, value in entry.values.items())
         lines.append(f"    {slot.value}={entry.cls.name}({args}),")
@@ -238,21 +242,16 @@ def write_bridge(preset: Preset) -> str:
 def _class_lines(cls: CfgClass) -> list[str]:
     """A dataclass definition; new required fields after the base's defaulted ones need kw_only."""
     required = any(default is MISSING for default in cls.fields.values())
-    doc = f"{cls.base} with " if cls.base and cls.base != ENTRY else ""
     lines = [
-        "@dataclass(kw_only=True)" if required and cls.base else "@dataclass",
-        f"class {cls.name}({cls.base or ''}):",
-        f'    """{doc}TE ub_cfgs keys that Bridge\'s classes lack: asdict() passes them to TE."""',
+        "@dataclass(kw_only=True)" if required else "@dataclass",
+        f"class {cls.name}({cls.base}):",
+        f'    """{cls.doc}"""',
         "",
     ]
     for field, default in cls.fields.items():
         kind = f"{ENTRY} | None" if field in _SLOT_NAMES else BY_NAME[field].value_type.__name__
         lines.append(f"    {field}: {kind}" + ("" if default is MISSING else f" = {default!r}"))
     return lines
-
-
-def _comment(slot: Slot, note: str) -> str:
-    return f"# {slot.value}: {' '.join(note.split())}"
 
 
 # -- reading ----------------------------------------------------------------------------------------------

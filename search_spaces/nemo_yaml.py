@@ -110,7 +110,7 @@ def preset_file_name(preset: Preset) -> str:
 def write_nemo(preset: Preset) -> str:
     """NeMo/Megatron YAML for ``preset``, laid out like NVIDIA's files; notes as comments."""
     lines = ["# UB communicator configurations", f"# Model configs: {_model_line(preset)}"]
-    lines += [_comment(slot, note) for slot, note in preset.notes.items() if slot not in preset.configs]
+    lines += [note_comment(slot, note) for slot, note in preset.notes.items() if slot not in preset.configs]
     for title, slots in _SECTIONS:
         blocks = [_block(preset, slot) for slot in slots if slot in preset.configs]
         if blocks:
@@ -119,14 +119,14 @@ def write_nemo(preset: Preset) -> str:
 
 
 def _block(preset: Preset, slot: Slot) -> str:
-    note = [_comment(slot, preset.notes[slot])] if slot in preset.notes else []
+    note = [note_comment(slot, preset.notes[slot])] if slot in preset.notes else []
     entry = te_entry(slot, preset.configs[slot], minimal=True)
     keys = [f"  {key}: {int(value) if key in FLAG_KEYS else value}" for key, value in entry.items()]
     return "\n".join([*note, f"{slot.value}:", *keys])
 
 
-def _comment(slot: Slot, note: str) -> str:
-    """One comment line: a line break in a note would turn the rest of it into YAML."""
+def note_comment(slot: Slot, note: str) -> str:
+    """A slot's note as one comment line (YAML's and Python's): a line break in a note would turn the rest of it into YAML."""
     return f"# {slot.value}: {' '.join(note.split())}"
 
 
