@@ -10,6 +10,7 @@ with its source and distance, so a guess is never passed off as a measurement.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
@@ -64,9 +65,13 @@ class ShapeQuery:
 
 async def shape_query(params: Annotated[ShapeLookup, Query()]) -> ShapeQuery:
     """Query parameters -> a validated shape (a 422 naming the field when TE could not run it)."""
-    given = params.model_dump(exclude_none=True, exclude={"gpu"})
+    return query_for(params.model_dump(exclude_none=True, exclude={"gpu"}), gpu=params.gpu)
+
+
+def query_for(given: Mapping[str, object], *, gpu: str | None = None) -> ShapeQuery:
+    """The lookup of the shape fields ``given`` (each filter field given narrows it), as a query asks it."""
     filters = tuple((name, given[name]) for name in FILTERS if name in given)
-    return ShapeQuery(shape=ModelShape(**given), filters=filters, gpu=params.gpu)
+    return ShapeQuery(shape=ModelShape(**given), filters=filters, gpu=gpu)  # type: ignore[arg-type]
 
 
 ShapeQueryDep = Annotated[ShapeQuery, Depends(shape_query)]

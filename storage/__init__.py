@@ -13,7 +13,7 @@ Typical start-up::
         job = create_job(session=session, shape=shape, layers=["qkv_fprop"], n_trials=20, backend=Backend.CUDA)
 """
 
-from storage.best import get_best, list_winners, upsert_best
+from storage.best import get_best, list_winners, tuned_shapes, upsert_best
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
 from storage.errors import Conflict, NotFound, StorageError
 from storage.jobs import cancel_job, create_job, first_configs, get_job, list_jobs, set_job_status
@@ -100,6 +100,7 @@ __all__ = [
     "renew_lease",
     "session_factory",
     "set_job_status",
+    "tuned_shapes",
     "update_layer_study",
     "upgrade",
     "upsert_best",
