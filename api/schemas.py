@@ -145,6 +145,8 @@ class ProposalBody(BaseModel):
     purpose: Purpose
     repeats: int
     rounds: int
+    labels: list[str] = []
+    """A baseline's reasons (``none``, ``te_default``, ``preset``, ``measure_first``, ``warm_start``); empty otherwise."""
 
     def to_proposal(self) -> Proposal:
         return Proposal.from_dict(self.model_dump())
