@@ -84,6 +84,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     for module in (jobs, best, presets, workers, health, metrics, dashboard):
         app.include_router(module.router, responses=COMMON_RESPONSES)
+    app.mount("/static", dashboard.static_files(), name="static")
     return app
 
 
