@@ -138,6 +138,11 @@ def test_the_dashboard_follows_a_cpu_job_to_its_charts_and_preset(
     assert page.locator("#preset").inner_text().strip() == yaml_text.strip()
     te_text = httpx.get(f"{service.url}/v1/presets", params=query | {"format": "te"}).text
     assert download(page, "te") == te_text
+    # The Bridge module where the controller serves one: a tab of its own, downloaded as served.
+    bridge = httpx.get(f"{service.url}/v1/presets", params=query | {"format": "bridge"})
+    assert page.locator("#preset-tabs [data-format=bridge]").count() == (bridge.status_code == 200)
+    if bridge.status_code == 200:
+        assert download(page, "bridge") == bridge.text
 
     # Workers with their GPUs (none on the CPU backend).
     assert page.locator("#workers tr").count() == 1
