@@ -4,7 +4,8 @@ against a real controller and a CPU worker running a real job.
 The page is opened while the job runs and watched until it has finished: it lists the job, every progress it
 ever shows stays within 100% (and done within total), each slot's history chart has one point per finished
 trial at the overlap time the API holds for it, the comparison bars are the winner's and the baselines'
-numbers, the preset it downloads is byte for byte what ``GET /v1/presets`` serves, and cancel needs the token.
+numbers, the preset it downloads is byte for byte what ``GET /v1/presets`` serves, cancel needs the token,
+and a GPU worker is listed with its GPUs.
 ``AUTOTUNE_DASHBOARD_SCREENSHOT=docs/dashboard.png`` also saves the README's screenshot.
 """
 
@@ -156,13 +157,30 @@ def test_the_dashboard_follows_a_cpu_job_to_its_charts_and_preset(
 
 
 def test_cancel_from_the_dashboard_needs_the_token(make_service, sqlite_url: str, browser: Browser) -> None:
-    """A job no worker can run (cuda, none here) stays queued until cancelled, and only with the token."""
+    """A job no worker can run (cuda, none here) stays queued until cancelled, and only with the token; a GPU
+    worker's inventory is listed GPU by GPU."""
     service: Service = make_service(db_url=sqlite_url)
     service.start_controller()
     auth = {"Authorization": f"Bearer {service.token}"}
     job_id = httpx.post(f"{service.url}/v1/jobs", json={"shape": SHAPE, "backend": "cuda"}, headers=auth).json()["id"]
+    gpus = [
+        {"index": i, "name": "NVIDIA H200", "memory_total_mib": 143771, "sm_count": 132, "nvlink_active": 18}
+        for i in range(2)
+    ]
+    worker = {
+        "name": "gpu-node",
+        "host": "node1",
+        "backend": "cuda",
+        "gpus": gpus,
+        "gpu_model": "NVIDIA H200",
+        "n_gpus": 2,
+    }
+    assert httpx.post(f"{service.url}/v1/workers", json=worker, headers=auth).status_code == 201
     page = browser.new_page()
     page.goto(service.url)
+    row = page.locator("#workers tr", has_text="gpu-node")
+    row.wait_for()
+    assert "0: NVIDIA H200 140 GiB 132 SMs NVLink×18, 1: NVIDIA H200 140 GiB 132 SMs NVLink×18" in row.inner_text()
     cancel = f"tr[data-job='{job_id}'] button.cancel"
     page.click(cancel, timeout=TIMEOUT_MS)
     page.wait_for_function("() => document.getElementById('message').textContent.includes('401')")
