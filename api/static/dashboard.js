@@ -145,18 +145,32 @@ function historyData(trials) {
   return [xs, ys, bests];
 }
 
-function comparison(slot, trials) {
-  // [name, exposed ms, hidden %] for the winner, serial and each labelled baseline that was measured.
+function comparison(slot, trials, outcome) {
+  // [name, exposed ms, hidden %] for the winner, serial and each labelled baseline that was measured.  TE's
+  // default comes from the decision when it was re-measured beside the finalists (the numbers `autotune best`
+  // compares the winner with: same rounds); else, as the others, from its trial in the search.
   const won = slot.best?.measurement;
   if (!won) return [];
   const rows = [["winner", won.overlap_ms - won.gemm_ms, 100 * won.hidden_frac],
     ["serial", won.serial_ms - won.gemm_ms, 0]];
   for (const [label, name] of Object.entries(LABELS)) {
     const trial = trials.find(t => (t.config.labels || []).includes(label) && t.state === "complete");
-    const m = trial && fastest(trial);
+    const m = (label === "te_default" && outcome?.te_default_measurement) || (trial && fastest(trial));
     if (m) rows.push([name, m.overlap_ms - m.gemm_ms, 100 * m.hidden_frac]);
   }
   return rows;
+}
+
+async function loadOutcomes(job) {
+  // Each slot's decision, where this job made it: GET /v1/best for the job's shape.
+  const r = await fetch(`/v1/best?${presetQuery(job)}`);
+  if (!r.ok) return {};
+  const best = await r.json();
+  const outcomes = {};
+  for (const group of best.results) {
+    for (const layer of group.layers) if (layer.job_id === job.id && layer.outcome) outcomes[layer.slot] = layer.outcome;
+  }
+  return outcomes;
 }
 
 function fromZero(u, min, max) {
@@ -194,14 +208,14 @@ function chartBox(title, kind, points) {
   return el("div", { class: "chart", "data-chart": kind, "data-points": points }, el("div", { class: "chart-title" }, title));
 }
 
-function showSlots(job, trials) {
+function showSlots(job, trials, outcomes) {
   for (const charts of Object.values(state.charts)) for (const c of Object.values(charts)) c.destroy();
   state.charts = {};
   const width = Math.max(280, Math.min(420, (document.body.clientWidth - 80) / 3));
   const cards = job.slots.map(s => {
     const mine = trials.filter(t => t.slot === s.slot);
     const history = historyData(mine);
-    const rows = comparison(s, mine);
+    const rows = comparison(s, mine, outcomes[s.slot]);
     const best = s.best;
     const m = best?.measurement;
     const head = el("div", { class: "slot-head" }, el("strong", {}, s.slot), el("span", { class: s.status }, s.status),
@@ -298,8 +312,9 @@ async function showJob(job) {
   document.getElementById("job-head").replaceChildren(el("span", { class: job.status }, job.status), " ",
     progress(job.progress), job.error ? ` · ${job.error}` : "");
   const trials = await allTrials(job.id);
-  showSlots(job, trials);
-  if (job.slots.some(s => s.best?.final)) await loadPresets(job);
+  const decided = job.slots.some(s => s.best?.final);
+  showSlots(job, trials, decided ? await loadOutcomes(job) : {});
+  if (decided) await loadPresets(job);
   state.jobShown = job;
 }
 
