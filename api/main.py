@@ -18,7 +18,8 @@ from fastapi import FastAPI
 import storage
 from api import errors
 from api.cache import AnswerCache
-from api.routes import best, dashboard, health, jobs, presets, workers
+from api.metrics import RequestMetrics, create_metrics
+from api.routes import best, dashboard, health, jobs, metrics, presets, workers
 from api.scheduler import SchedulerThread
 from api.schemas import ErrorPublic
 from api.settings import Settings
@@ -78,9 +79,12 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.registry = PresetRegistry.with_nvidia()
     app.state.best_cache = AnswerCache(ttl_s=settings.best_cache_s)
     app.state.scheduler = None  # the `SchedulerThread` while the app runs one: /healthz says whether it leads
+    app.state.metrics = create_metrics(sessions=app.state.sessions)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     errors.install(app)
-    for module in (jobs, best, presets, workers, health, dashboard):
+    for module in (jobs, best, presets, workers, health, metrics, dashboard):
         app.include_router(module.router, responses=COMMON_RESPONSES)
+    app.mount("/static", dashboard.static_files(), name="static")
     return app
 
 

@@ -145,6 +145,8 @@ class ProposalBody(BaseModel):
     purpose: Purpose
     repeats: int
     rounds: int
+    labels: list[str] = []
+    """A baseline's reasons (``none``, ``te_default``, ``preset``, ``measure_first``, ``warm_start``); empty otherwise."""
 
     def to_proposal(self) -> Proposal:
         return Proposal.from_dict(self.model_dump())
@@ -190,9 +192,10 @@ class Progress(BaseModel):
     done: int
     """Trials finished (complete or failed) over all slots."""
     total: int
-    """Trials planned: n_trials per slot (finalist re-measurements come on top)."""
+    """Trials planned: n_trials per slot still running (or what it ran, when finalists took it past that), and
+    what a decided slot ran (early stopping ends a slot sooner), so ``done`` never exceeds ``total``."""
     fraction: float
-    """0..1; 1 only once every slot has finished."""
+    """0..1, the mean of the slots' fractions; 1 only once every slot is decided, when done equals total."""
 
 
 class BestSoFar(BaseModel):

@@ -46,18 +46,29 @@ def job_view(*, session: Session, job: Job) -> JobPublic:
 
 
 def _progress(*, job: Job, studies: list[LayerStudy]) -> Progress:
-    done = sum(s.n_complete + s.n_failed for s in studies)
-    total = job.n_trials * len(job.layers)
-    if job.status == JobStatus.SUCCEEDED:
-        fraction = 1.0
-    else:
-        per_slot = [
-            1.0
-            if s.status not in (JobStatus.QUEUED, JobStatus.RUNNING)
-            else UNFINISHED_CAP * min(1.0, (s.n_complete + s.n_failed) / job.n_trials)
-            for s in studies
-        ]
-        fraction = sum(per_slot) / len(job.layers) if job.layers else 0.0
+    """Trials done over trials planned, and the fraction the bar shows; never more than 100%, and 100% only
+    with every trial planned done.
+
+    A slot plans ``n_trials`` while it runs and, once decided, exactly the trials it ran: early stopping ends a
+    slot sooner (a job of 60 trials per slot may finish after 42), finalist re-measurements come on top, and a
+    slot decided in an earlier job's study runs none here.  Counting ``n_trials`` for a decided slot was how
+    a finished job showed "100%" beside "42/60 trials".
+    """
+    done = total = 0
+    fractions = []
+    for study in studies:
+        ran = study.n_complete + study.n_failed
+        if study.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+            planned = max(job.n_trials, ran)
+            fractions.append(UNFINISHED_CAP * min(1.0, ran / job.n_trials))
+        else:
+            planned = ran
+            fractions.append(1.0)
+        done += ran
+        total += planned
+    unstarted = len(job.layers) - len(studies)  # a queued job has no studies yet
+    total += unstarted * job.n_trials
+    fraction = sum(fractions) / len(job.layers) if job.layers else 0.0
     return Progress(done=done, total=total, fraction=round(fraction, 4))
 
 

@@ -14,6 +14,7 @@ Typical start-up::
 """
 
 from storage.best import get_best, list_winners, tuned_shapes, upsert_best
+from storage.counts import StateCounts, state_counts
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
 from storage.errors import Conflict, NotFound, StorageError
 from storage.jobs import cancel_job, create_job, first_configs, get_job, list_jobs, set_job_status
@@ -62,6 +63,7 @@ __all__ = [
     "LeaderLease",
     "NotFound",
     "Page",
+    "StateCounts",
     "StorageError",
     "Trial",
     "TrialPurpose",
@@ -101,6 +103,7 @@ __all__ = [
     "session_factory",
     "set_job_status",
     "tuned_shapes",
+    "state_counts",
     "update_layer_study",
     "upgrade",
     "upsert_best",

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response, status
 
 import storage
-from api.deps import Authorized, SessionDep, SettingsDep
+from api.deps import Authorized, MetricsDep, SessionDep, SettingsDep
 from api.schemas import (
     ClaimPublic,
     ErrorPublic,
@@ -106,7 +106,9 @@ def renew(worker_id: uuid.UUID, trial_id: TrialId, session: SessionDep, settings
     dependencies=[Authorized],
     responses={**ERRORS, 422: {"model": ErrorPublic}},
 )
-def report(worker_id: uuid.UUID, trial_id: TrialId, body: TrialReport, session: SessionDep) -> TrialPublicState:
+def report(
+    worker_id: uuid.UUID, trial_id: TrialId, body: TrialReport, session: SessionDep, metrics: MetricsDep
+) -> TrialPublicState:
     """Store the measurements (one per proposed config, in order) or the failure; 409 if the lease was lost."""
     given = [name for name in ("measurements", "failure") if name in body.model_fields_set]
     if len(given) != 1:
@@ -115,6 +117,7 @@ def report(worker_id: uuid.UUID, trial_id: TrialId, body: TrialReport, session: 
         raise InputError(given[0], "must not be null")
     if body.failure is not None:
         trial = storage.fail_trial(session=session, trial_id=trial_id, reason=body.failure, worker_id=str(worker_id))
+        metrics.observe_trial(trial)
         return TrialPublicState(id=trial.id, state=trial.state.value)
     measurements = body.measurements or []
     expected = len(proposal_of(storage.get_trial(session=session, trial_id=trial_id)).configs)
@@ -128,4 +131,5 @@ def report(worker_id: uuid.UUID, trial_id: TrialId, body: TrialReport, session: 
         worker_id=str(worker_id),
         measurement=measurement_json([m.model_dump() for m in measurements]),
     )
+    metrics.observe_trial(trial)
     return TrialPublicState(id=trial.id, state=trial.state.value)
