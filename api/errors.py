@@ -9,6 +9,7 @@ become 422, storage's `NotFound` 404, `LeaseLost` and `Conflict` 409.  Only a da
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -31,16 +32,31 @@ HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def error(field: str, rule: str, value: Any = None) -> dict[str, Any]:
-    return {"field": field, "rule": rule, "value": _echo(value)}
+    return {"field": json_safe(field), "rule": json_safe(rule), "value": _echo(value)}
 
 
 def _echo(value: Any) -> Any:
     try:
-        encoded = jsonable_encoder(value)
+        encoded = json_safe(jsonable_encoder(value))
     except Exception:
-        encoded = repr(value)
+        encoded = json_safe(repr(value))
     text = str(encoded)
     return encoded if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "..."
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as strict JSON can carry it: a non-finite float becomes the text JSON5 writes (``NaN``,
+    ``Infinity``), a lone surrogate its ``\\udXXX`` escape.  The bad value being echoed is often exactly such
+    a thing (a body sent ``NaN``), and a handler that cannot encode its own answer is a 500."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _respond(code: int, items: list[dict[str, Any]], headers: dict[str, str] | None = None) -> JSONResponse:

@@ -14,7 +14,7 @@ from datetime import datetime
 from types import NoneType
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from autotune.outcome import SlotOutcome
 from autotune.proposal import Proposal, Purpose
@@ -35,6 +35,25 @@ class Strict(BaseModel):
     coerced (``false`` is not 0, ``"4"`` is not 4): what the schema says is what the API takes."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _unicode_text(cls, value: Any) -> Any:
+        """Every string in a body is valid Unicode: JSON may carry a lone surrogate (``"\\ud800"``), which no
+        database driver can encode, so it is a 422 here rather than a 500 at the driver."""
+        if _has_lone_surrogate(value):
+            raise ValueError("must be valid Unicode text (no lone surrogates such as \\ud800)")
+        return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(map(_has_lone_surrogate, value))
+    return False
 
 
 def _shape_fields(base: type[BaseModel], *, lookup: bool) -> type[BaseModel]:
