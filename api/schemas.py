@@ -404,6 +404,13 @@ class WorkerPublic(BaseModel):
     last_heartbeat: datetime
 
 
+class WorkerCreated(WorkerPublic):
+    """The answer to a registration: the only time the worker's secret is shown."""
+
+    secret: str
+    """Send as ``Authorization: Bearer <secret>`` on this worker's heartbeats, claims, renewals and results."""
+
+
 class ClaimPublic(BaseModel):
     trial_id: int
     job_id: str
@@ -415,6 +422,8 @@ class ClaimPublic(BaseModel):
     lease_expires_at: datetime
     lease_s: float
     """Renew well before this runs out (every third of it)."""
+    lease_nonce: str
+    """Send as ``X-Lease-Nonce`` with this lease's renewals and its result."""
 
 
 class LeasePublic(BaseModel):

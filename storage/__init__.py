@@ -46,7 +46,7 @@ from storage.trials import (
     list_trials,
     renew_lease,
 )
-from storage.workers import get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
+from storage.workers import authenticate_worker, get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
 
 __all__ = [
     "LEASE_EXPIRED",
@@ -72,6 +72,7 @@ __all__ = [
     "add_layer_study",
     "add_trial",
     "alembic_config",
+    "authenticate_worker",
     "cancel_job",
     "claim_trial",
     "complete_trial",

@@ -305,11 +305,12 @@ def test_a_worker_registers_with_its_inventory_and_is_listed(http: httpx.Client)
 
 def test_a_result_needs_exactly_one_of_measurements_and_failure(http: httpx.Client) -> None:
     body = {"name": "w", "host": "h", "backend": "cpu"}
-    worker_id = http.post("/v1/workers", json=body).json()["id"]
-    response = http.post(f"/v1/workers/{worker_id}/trials/1/result", json={})
+    worker = http.post("/v1/workers", json=body).json()
+    mine = {"Authorization": f"Bearer {worker['secret']}", "X-Lease-Nonce": "n"}
+    response = http.post(f"/v1/workers/{worker['id']}/trials/1/result", json={}, headers=mine)
     assert response.status_code == 422
     assert errors_of(response)[0]["field"] == "measurements"
-    lost = http.post(f"/v1/workers/{worker_id}/trials/1/result", json={"failure": "boom"})
+    lost = http.post(f"/v1/workers/{worker['id']}/trials/1/result", json={"failure": "boom"}, headers=mine)
     assert lost.status_code == 404  # no trial 1 in a database without running jobs
 
 

@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from overlap_runtime.shape import ModelShape
+
 if TYPE_CHECKING:
     from conftest_service import Service
 
 pytest_plugins = ("conftest_service",)  # idle_service, make_service
 
 SHAPE = {"hidden": 64, "tp": 2, "mbs": 1, "seq": 32}
+SHAPE_MODEL = ModelShape(**SHAPE)
 NASTY_VALUES = ("NaN", "Infinity", "-Infinity", '"\\ud800"', '"a\\udfffb"')
 """JSON text Python's parser takes but strict JSON and every database driver refuse."""
 
@@ -72,3 +75,97 @@ def test_a_worker_body_with_a_non_finite_number_or_lone_surrogate_is_a_422(http:
         response = raw(http, "/v1/workers", template % nasty)
         assert response.status_code == 422, response.text
         errors_of(response)
+
+
+# --- item 2: a worker speaks with its own secret, on its own lease, with results physics allows -----------
+
+MEASUREMENT = {
+    "gemm_ms": 0.2676,
+    "comm_ms": 0.0924,
+    "serial_ms": 0.3599,
+    "overlap_ms": 0.2794,
+    "rel_err": 0.0,
+    "cv": 0.002,
+    "repeats": 3,
+    "valid": True,
+    "samples": [0.2801, 0.2794, 0.2787],
+    "exposed_ms": 0.0118,
+    "hidden_frac": 0.8723,
+}
+"""A plausible measurement: the overlapped op takes a little longer than its GEMM alone."""
+
+
+def test_only_the_worker_holding_a_lease_with_its_nonce_may_report_on_it(make_service, db_url: str) -> None:
+    """The attacks of issue 21: with the clients' token and a worker id read from GET /v1/workers, with a
+    rogue worker's own secret, and as the holder without its claim's nonce.  None is stored; the holder's
+    own report is."""
+    service = make_service(db_url=db_url)
+    service.start_controller()
+    with service.client() as client, httpx.Client(base_url=service.url) as http:
+        holder = client.register({"name": "holder", "host": "h", "backend": "cpu"})
+        rogue = client.register({"name": "rogue", "host": "h", "backend": "cpu"})
+        assert holder.secret != rogue.secret
+        assert all("secret" not in w for w in http.get("/v1/workers").json())  # ids are public, secrets not
+        job_id = client.submit(shape=SHAPE_MODEL, layers=["qkv_fprop"], n_trials=2, backend="cpu").id
+        claim = service.wait_until(lambda: client.claim(holder), timeout_s=30, what="a claim")
+        result = f"/v1/workers/{holder.id}/trials/{claim.trial_id}/result"
+        body = {"measurements": [MEASUREMENT] * len(claim.proposal.configs)}
+        nonce = {"X-Lease-Nonce": claim.lease_nonce}
+
+        token = {"Authorization": f"Bearer {service.token}"}
+        for headers in ({**token, **nonce}, {**rogue_auth(rogue), **nonce}, nonce):
+            forged = http.post(result, json=body, headers=headers)
+            assert forged.status_code == 401, forged.text
+            assert errors_of(forged)[0]["field"] == "Authorization"
+        as_rogue = http.post(
+            f"/v1/workers/{rogue.id}/trials/{claim.trial_id}/result", json=body, headers={**rogue_auth(rogue), **nonce}
+        )
+        assert as_rogue.status_code == 409 and "leased to worker" in errors_of(as_rogue)[0]["rule"]
+        stale = http.post(result, json=body, headers={**rogue_auth(holder), "X-Lease-Nonce": "not-the-nonce"})
+        assert stale.status_code == 409 and "nonce" in errors_of(stale)[0]["rule"]
+        without = http.post(result, json=body, headers=rogue_auth(holder))
+        assert without.status_code == 422 and errors_of(without)[0]["field"] == "X-Lease-Nonce"
+        assert client.all_trials(job_id)[0].state == "running"
+
+        assert client.report(holder, claim, measurements=body["measurements"]).state == "complete"
+        (trial,) = [t for t in client.all_trials(job_id) if t.id == claim.trial_id]
+        assert trial.worker_id == holder.id
+        assert [{k: m[k] for k in MEASUREMENT} for m in trial.measurement["measurements"]] == body["measurements"]
+
+
+def rogue_auth(worker: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {worker.secret}"}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"overlap_ms": 0.0001, "exposed_ms": 0.0001 - 0.2676, "hidden_frac": 1.9999}, "overlap_ms"),
+        ({"hidden_frac": 1.9999}, "hidden_frac"),
+        ({"exposed_ms": -0.2}, "exposed_ms"),
+        ({"gemm_ms": -1.0}, "gemm_ms"),
+        ({"comm_ms": 0.0}, "comm_ms"),
+        ({"cv": -0.5}, "cv"),
+        ({"samples": [0.28, -1.0]}, "samples.1"),
+    ],
+)
+def test_a_result_no_gpu_could_produce_is_a_422_and_never_stored(
+    idle_service: Service, change: dict[str, Any], field: str
+) -> None:
+    with idle_service.client() as client, httpx.Client(base_url=idle_service.url) as http:
+        worker = client.register({"name": "w", "host": "h", "backend": "cpu"})
+        job_id = client.submit(shape=SHAPE_MODEL, layers=["qkv_fprop"], n_trials=2, backend="cpu").id
+        claim = idle_service.wait_until(
+            lambda: (c := client.claim(worker)) and c.job_id == job_id and c, timeout_s=30, what="a claim"
+        )
+        n = len(claim.proposal.configs)
+        response = http.post(
+            f"/v1/workers/{worker.id}/trials/{claim.trial_id}/result",
+            json={"measurements": [MEASUREMENT] * (n - 1) + [{**MEASUREMENT, **change}]},
+            headers={**rogue_auth(worker), "X-Lease-Nonce": claim.lease_nonce},
+        )
+        assert response.status_code == 422, response.text
+        assert errors_of(response)[0]["field"] == f"measurements.{n - 1}.{field}"
+        (trial,) = [t for t in client.all_trials(job_id) if t.id == claim.trial_id]
+        assert trial.state == "running" and trial.measurement is None
+        client.cancel(job_id)
