@@ -9,6 +9,8 @@ controller processes may share one database.  ``uvicorn --factory api.main:app_f
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,6 +20,7 @@ from fastapi import FastAPI
 import storage
 from api import errors
 from api.cache import AnswerCache
+from api.events import JobFeed
 from api.routes import best, dashboard, health, jobs, presets, workers
 from api.scheduler import SchedulerThread
 from api.schemas import ErrorPublic
@@ -58,9 +61,13 @@ def create_app(settings: Settings) -> FastAPI:
             )
             loop.start()
         app.state.scheduler = loop
+        feed = asyncio.create_task(app.state.job_feed.run(), name="job feed")
         try:
             yield
         finally:
+            feed.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feed
             if loop is not None:
                 loop.stop()
             scheduler_engine.dispose()
@@ -77,6 +84,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.sessions = storage.session_factory(engine=engine)
     app.state.registry = PresetRegistry.with_nvidia()
     app.state.best_cache = AnswerCache(ttl_s=settings.best_cache_s)
+    app.state.job_feed = JobFeed(sessions=app.state.sessions, max_streams=settings.max_streams)
     app.state.scheduler = None  # the `SchedulerThread` while the app runs one: /healthz says whether it leads
     errors.install(app)
     for module in (jobs, best, presets, workers, health, dashboard):

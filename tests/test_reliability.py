@@ -6,7 +6,10 @@ database that fails, and the files and pages a controller serves.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -169,3 +172,73 @@ def test_a_result_no_gpu_could_produce_is_a_422_and_never_stored(
         (trial,) = [t for t in client.all_trials(job_id) if t.id == claim.trial_id]
         assert trial.state == "running" and trial.measurement is None
         client.cancel(job_id)
+
+
+# --- item 1: open event streams hold no database connection, and their number is bounded ------------------
+
+STREAMS = 60
+"""More than the pool's 5 + 10 connections, and past the ~25 streams that froze the controller."""
+
+
+async def follow(client: httpx.AsyncClient, job_id: str, opened: asyncio.Event, counter: list[int]) -> list[str]:
+    """The events of one stream until it ends; ``counter[0]`` counts streams that got their first event."""
+    events: list[str] = []
+    async with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if line.startswith("event:"):
+                events.append(line[6:].strip())
+                if len(events) == 1:
+                    counter[0] += 1
+                    if counter[0] == STREAMS:
+                        opened.set()
+    return events
+
+
+def test_many_open_event_streams_leave_the_controller_answering_and_all_hear_the_change(
+    idle_service: Service, http: httpx.Client
+) -> None:
+    job_id = http.post("/v1/jobs", json={"shape": SHAPE, "backend": "cuda"}).json()["id"]
+
+    async def scenario() -> tuple[list[list[str]], list[float]]:
+        opened, counter = asyncio.Event(), [0]
+        limits = httpx.Limits(max_connections=STREAMS + 10)
+        async with httpx.AsyncClient(base_url=idle_service.url, timeout=30, limits=limits) as client:
+            streams = [asyncio.create_task(follow(client, job_id, opened, counter)) for _ in range(STREAMS)]
+            await asyncio.wait_for(opened.wait(), 60)
+            latencies = []
+            for _ in range(10):  # while every stream waits: health, a read, a write (the pool is free)
+                start = time.perf_counter()
+                assert (await client.get("/healthz")).status_code == 200
+                assert (await client.get(f"/v1/jobs/{job_id}")).status_code == 200
+                latencies.append(time.perf_counter() - start)
+            cancel = await client.post(f"/v1/jobs/{job_id}/cancel", headers=http.headers)
+            assert cancel.status_code == 200, cancel.text
+            return await asyncio.wait_for(asyncio.gather(*streams), 30), latencies
+
+    events, latencies = asyncio.run(scenario())
+    assert max(latencies) < 2.0, latencies
+    assert all(e[0] == "progress" and e[-2:] == ["progress", "done"] for e in events), events[:3]
+
+
+def test_an_event_stream_past_the_bound_is_a_503_with_retry_after(make_service, sqlite_url: str) -> None:
+    service = make_service(db_url=sqlite_url, env={"AUTOTUNE_MAX_STREAMS": "3"})
+    service.start_controller()
+    with service.client() as client:
+        job_id = client.submit(shape=SHAPE_MODEL, backend="cuda").id
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=service.url, timeout=10) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                for _ in range(3):
+                    response = await stack.enter_async_context(client.stream("GET", f"/v1/jobs/{job_id}/events"))
+                    assert response.status_code == 200
+                refused = await client.get(f"/v1/jobs/{job_id}/events")
+                assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
+                assert errors_of(refused)[0]["field"] == "events"
+                assert (await client.get("/healthz")).status_code == 200
+            await asyncio.sleep(0.5)  # the three closed: their places are free again
+            async with client.stream("GET", f"/v1/jobs/{job_id}/events") as again:
+                assert again.status_code == 200
+
+    asyncio.run(scenario())
