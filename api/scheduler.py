@@ -44,16 +44,17 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 import storage
+from api.fit import can_run
 from api.leadership import Leadership
 from api.trial_rows import fastest, measurements_of, proposal_of
-from autotune.gpu import CPU, gpu_matches
+from autotune.gpu import CPU
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
-from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialPurpose, TrialState, WorkerStatus
+from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialPurpose, TrialState
 from storage.warm_start import neighbour_winners
 
 log = logging.getLogger(__name__)
@@ -219,15 +220,7 @@ class Scheduler:
         so a cuda job waits for its first worker."""
         if job.backend == Backend.CPU:
             return CPU
-        capable = [
-            w.gpu_model
-            for w in storage.list_workers(session=session)
-            if w.status != WorkerStatus.LOST
-            and w.backend == Backend.CUDA
-            and w.n_gpus >= job.tp
-            and w.gpu_model is not None
-            and (job.gpu is None or gpu_matches(w.gpu_model, job.gpu))
-        ]
+        capable = [w.gpu_model for w in storage.list_workers(session=session) if can_run(w, job)]
         return Counter(capable).most_common(1)[0][0] if capable else None
 
     def _drive(self, session: Session, job: Job) -> None:

@@ -253,6 +253,9 @@ class JobSummary(BaseModel):
 class JobPublic(JobSummary):
     progress: Progress
     slots: list[SlotPublic]
+    waiting_reason: str | None = None
+    """Why the job makes no progress when no registered worker can run it (none has its backend, GPU model
+    or GPU count, or the last one that could was lost); None while some live worker can, and once it ended."""
 
 
 class JobsPage(BaseModel):

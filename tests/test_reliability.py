@@ -242,3 +242,41 @@ def test_an_event_stream_past_the_bound_is_a_503_with_retry_after(make_service, 
                 assert again.status_code == 200
 
     asyncio.run(scenario())
+
+
+# --- item 4: a job that no registered worker can run says so ------------------------------------------------
+
+H200 = {"index": 0, "name": "NVIDIA H200", "memory_total_mib": 143771, "nvlink_active": 18, "sm_count": 132}
+
+
+def test_a_job_no_worker_can_run_says_why_and_so_does_one_whose_last_worker_died(
+    make_service, postgres_url: str
+) -> None:
+    service = make_service(db_url=postgres_url)
+    service.start_controller()
+    with service.client() as client:
+        job_id = client.submit(shape=SHAPE_MODEL, layers=["qkv_fprop"], n_trials=2, backend="cuda").id
+        reason = service.wait_until(lambda: client.job(job_id).waiting_reason, timeout_s=10, what="a reason")
+        assert reason.startswith("no registered worker can run it") and "cuda worker with at least 2 GPUs" in reason
+        assert reason.endswith("registered: none")
+
+        client.register({"name": "laptop", "host": "h", "backend": "cpu"})
+        reason = service.wait_until(
+            lambda: "laptop" in (r := client.job(job_id).waiting_reason or "") and r,
+            timeout_s=10,
+            what="the cpu worker named",
+        )
+        assert "registered: laptop (cpu)" in reason and client.job(job_id).status == "queued"
+
+        gpu_box = {"name": "gpubox", "host": "node7", "backend": "cuda", "gpus": [H200, H200]}
+        worker = client.register({**gpu_box, "gpu_model": "NVIDIA H200", "n_gpus": 2})
+        job = service.wait_until(
+            lambda: (j := client.job(job_id)).status == "running" and j, timeout_s=30, what="the job to start"
+        )
+        assert job.waiting_reason is None
+        client.heartbeat(worker)  # then silence: the controller marks it lost after its heartbeat timeout
+        reason = service.wait_until(
+            lambda: client.job(job_id).waiting_reason, timeout_s=30, what="the lost worker to be noticed"
+        )
+        assert reason.startswith("the last worker that can run it (gpubox on node7) was lost"), reason
+        assert client.job(job_id).status == "running"
