@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -27,8 +26,6 @@ from api.logs import RateLimitedLog
 from api.schemas import JobPublic
 from api.views import job_view
 from overlap_runtime.errors import AutotuneError
-
-log = logging.getLogger(__name__)
 
 POLL_S = 1.0
 """How often the followed jobs are read: the latency of a progress event."""
@@ -64,14 +61,16 @@ class Update:
 class JobFeed:
     """The one poller of a controller process and the register of its open streams."""
 
-    def __init__(self, *, sessions: sessionmaker[Session], max_streams: int, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self, *, sessions: sessionmaker[Session], max_streams: int, outages: RateLimitedLog, poll_s: float = POLL_S
+    ) -> None:
         self.sessions = sessions
         self.max_streams = max_streams
         self.poll_s = poll_s
         self._watches: dict[str, _Watch] = {}
         self._open = 0
         self._wake = asyncio.Event()
-        self._log = RateLimitedLog(log)
+        self._outages = outages
 
     @property
     def open_streams(self) -> int:
@@ -104,7 +103,7 @@ class JobFeed:
             try:
                 views = await run_in_threadpool(self._read, list(watched))
             except storage.StorageError as e:
-                self._log.warning("events", "event streams cannot read their jobs: %s", e)
+                self._outages.warning("events", "event streams cannot read their jobs: %s", e)
                 views = {job_id: None for job_id in watched}
             for job_id, watch in watched.items():
                 self._publish(watch, views.get(job_id))

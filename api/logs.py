@@ -33,7 +33,9 @@ class RateLimitedLog:
         self._counts: dict[str, _Count] = {}
         self._lock = threading.Lock()
 
-    def warning(self, key: str, msg: str, *args: object) -> None:
+    def warning(self, key: str, msg: str, *args: object, traceback: bool = False) -> None:
+        """Log ``msg % args`` on one line unless ``key`` was logged less than ``every_s`` ago (``traceback``:
+        with the exception being handled, for failures we did not foresee: still once per while)."""
         now = time.monotonic()
         with self._lock:
             count = self._counts.get(key)
@@ -45,7 +47,7 @@ class RateLimitedLog:
         line = _one_line(msg % args if args else msg)
         if suppressed:
             line += f" (and {suppressed} more like it in the last {self.every_s:g} s)"
-        self.log.warning("%s", line)
+        self.log.warning("%s", line, exc_info=traceback)
 
 
 def _one_line(text: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,6 +22,7 @@ import storage
 from api import errors
 from api.cache import AnswerCache
 from api.events import JobFeed
+from api.logs import RateLimitedLog
 from api.routes import best, dashboard, health, jobs, presets, workers
 from api.scheduler import SchedulerThread
 from api.schemas import ErrorPublic
@@ -84,7 +86,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.sessions = storage.session_factory(engine=engine)
     app.state.registry = PresetRegistry.with_nvidia()
     app.state.best_cache = AnswerCache(ttl_s=settings.best_cache_s)
-    app.state.job_feed = JobFeed(sessions=app.state.sessions, max_streams=settings.max_streams)
+    # One rate-limited log of the process's database failures: requests, event polls and /healthz (api.logs).
+    app.state.outage_log = RateLimitedLog(logging.getLogger("api"))
+    app.state.job_feed = JobFeed(
+        sessions=app.state.sessions, max_streams=settings.max_streams, outages=app.state.outage_log
+    )
     app.state.scheduler = None  # the `SchedulerThread` while the app runs one: /healthz says whether it leads
     errors.install(app)
     for module in (jobs, best, presets, workers, health, dashboard):

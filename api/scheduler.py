@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session
 import storage
 from api.fit import can_run
 from api.leadership import Leadership
+from api.logs import RateLimitedLog
 from api.trial_rows import fastest, measurements_of, proposal_of
 from autotune.gpu import CPU
 from autotune.proposal import Proposal
@@ -93,6 +94,8 @@ class Scheduler:
         """The leadership term `_slots` belong to."""
         self._slots: dict[int, _Slot] = {}
         self._errors: Counter[str] = Counter()
+        self.outages = RateLimitedLog(log)
+        """Failures that repeat every pass while the database is down are logged once per while (api.logs)."""
 
     @property
     def leading(self) -> bool:
@@ -169,7 +172,7 @@ class Scheduler:
             log.warning("job %s failed: %s", job.id, e)
             self._fail(session, job, str(e))
         except TRANSIENT as e:
-            log.warning("job %s: database error, retrying next pass: %s", job.id, e)
+            self.outages.warning("job", "job %s: database error, retrying next pass: %s", job.id, e)
             session.rollback()
             self._forget(job)
         except Exception as e:
@@ -363,9 +366,17 @@ class SchedulerThread:
         while not self._stop.is_set():
             try:
                 self.scheduler.tick()
-            except Exception:  # the loop must outlive a database outage; the next pass retries
-                log.exception("scheduler pass failed")
+            except TRANSIENT as e:  # the loop must outlive a database outage; the next pass retries
+                self.scheduler.outages.warning("pass", "scheduler pass failed, retrying: %s", _cause(e))
+                storage.reclaim(engine=self.scheduler.engine)  # a full disk gets the WAL's space back
+            except Exception:
+                self.scheduler.outages.warning("bug", "scheduler pass failed", traceback=True)
             self._stop.wait(self.interval_s)
+
+
+def _cause(error: BaseException) -> str:
+    """The driver's message of a SQLAlchemy error without SQLAlchemy's statement and background link."""
+    return f"{type(error).__name__}: {getattr(error, 'orig', None) or error}"
 
 
 def _optuna_storage(engine: Engine) -> optuna.storages.RDBStorage:

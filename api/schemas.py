@@ -491,7 +491,11 @@ class TrialPublicState(BaseModel):
 
 
 class HealthPublic(BaseModel):
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"]
+    """ok: the database answers and takes writes; degraded (a 503): it answers but writes fail."""
+    writable: bool = True
+    problem: str | None = None
+    """Why writes fail, in public words (read-only, disk full, ...; never the server's address)."""
     database: str
     """The backend in use: sqlite or postgresql."""
     revision: str | None

@@ -15,7 +15,8 @@ Typical start-up::
 
 from storage.best import get_best, list_winners, upsert_best
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
-from storage.errors import Conflict, NotFound, StorageError
+from storage.errors import Conflict, NotFound, StorageError, public_reason
+from storage.health import probe_write, reclaim
 from storage.jobs import cancel_job, create_job, first_configs, get_job, list_jobs, set_job_status
 from storage.leader import SCHEDULER, acquire_leadership, get_leader, release_leadership
 from storage.migrate import VERSION_TABLE, alembic_config, current_revision, upgrade
@@ -96,6 +97,9 @@ __all__ = [
     "list_winners",
     "list_workers",
     "mark_lost_workers",
+    "probe_write",
+    "public_reason",
+    "reclaim",
     "register_worker",
     "release_leadership",
     "renew_lease",

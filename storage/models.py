@@ -256,3 +256,12 @@ class LeaderLease(Base):
     """When the current term began."""
     expires_at: Mapped[datetime]
     """The role is free from this moment on unless the holder renews it first."""
+
+
+class HealthProbe(Base):
+    """The row ``/healthz`` writes to learn whether the database still takes writes (`storage.health`)."""
+
+    __tablename__ = f"{TABLE_PREFIX}health_probes"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at: Mapped[datetime | None]

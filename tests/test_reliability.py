@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -280,3 +283,176 @@ def test_a_job_no_worker_can_run_says_why_and_so_does_one_whose_last_worker_died
         )
         assert reason.startswith("the last worker that can run it (gpubox on node7) was lost"), reason
         assert client.job(job_id).status == "running"
+
+
+# --- item 8: a failing database is told in one line now and then, and /healthz tells the truth ------------
+
+QUIET_LINES = 12
+"""Log lines a controller may write over a few seconds of failing writes: a handful of one-line warnings."""
+
+
+def log_of(service: Service) -> str:
+    assert service.controller is not None
+    return service.controller.log.read_text(errors="replace")
+
+
+def health(service: Service) -> httpx.Response:
+    return httpx.get(f"{service.url}/healthz", timeout=5)
+
+
+def test_a_read_only_database_is_degraded_in_healthz_and_its_503s_are_one_line_each_while(
+    make_service, postgres_url: str, pg_admin: Any
+) -> None:
+    service = make_service(db_url=postgres_url)
+    service.start_controller()
+    database = postgres_url.rsplit("/", 1)[1]
+    before = len(log_of(service).splitlines())
+
+    def read_only(on: bool) -> None:
+        with pg_admin.connect() as conn:
+            conn.exec_driver_sql(
+                f'ALTER DATABASE "{database}" SET default_transaction_read_only = {"on" if on else "off"}'
+            )
+            # Pooled connections keep the setting they started with: new ones get the database's.
+            conn.exec_driver_sql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{database}'")
+
+    read_only(True)
+    degraded = service.wait_until(
+        lambda: (r := health(service)).status_code == 503 and r,
+        timeout_s=30,
+        what="/healthz to see the read-only database",
+    )
+    assert degraded.json()["status"] == "degraded" and not degraded.json()["writable"]
+    assert degraded.json()["problem"] == "writes fail: the database is read-only"
+    with (
+        service.client() as client,
+        httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {service.token}"}) as http,
+    ):
+        for _ in range(20):
+            refused = http.post("/v1/jobs", json={"shape": SHAPE, "backend": "cpu"})
+            assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
+        assert errors_of(refused)[0]["rule"] == "is unavailable (the database is read-only); retry later"
+        time.sleep(3)  # 30 scheduler passes, each failing to renew its lease
+        lines = log_of(service).splitlines()[before:]
+        assert "Traceback" not in "\n".join(lines) and len(lines) <= QUIET_LINES, "\n".join(lines)
+
+        read_only(False)
+        service.wait_until(lambda: health(service).status_code == 200, timeout_s=30, what="/healthz to recover")
+        assert health(service).json()["status"] == "ok"
+        assert client.submit(shape=SHAPE_MODEL, backend="cpu").status == "queued"
+
+
+class Outage:
+    """A TCP forwarder between the controller and PostgreSQL that the test can cut: a database that stops
+    answering, without stopping the server the other tests share."""
+
+    def __init__(self, *, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.up = True
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def cut(self) -> None:
+        self.up = False
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+        self.conns.clear()
+
+    def restore(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_a_database_outage_answers_503s_that_hide_its_address_and_logs_no_traceback_storm(
+    make_service, postgres_url: str
+) -> None:
+    outage = Outage(target_port=5432)
+    try:
+        service = make_service(db_url=postgres_url.replace(":5432/", f":{outage.port}/"))
+        service.start_controller()
+        before = len(log_of(service).splitlines())
+        outage.cut()
+        with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {service.token}"}) as http:
+            answers = [http.post("/v1/jobs", json={"shape": SHAPE, "backend": "cpu"}) for _ in range(10)]
+            answers += [http.get("/v1/jobs") for _ in range(10)]
+            assert {a.status_code for a in answers} == {503}
+            for answer in answers:
+                assert str(outage.port) not in answer.text and "127.0.0.1" not in answer.text, answer.text
+            assert errors_of(answers[0])[0]["rule"] == "is unavailable (the database does not answer); retry later"
+            assert health(service).status_code == 503
+            time.sleep(3)
+            lines = log_of(service).splitlines()[before:]
+            assert "Traceback" not in "\n".join(lines) and len(lines) <= QUIET_LINES, "\n".join(lines)
+            outage.restore()
+            service.wait_until(lambda: health(service).status_code == 200, timeout_s=30, what="/healthz to recover")
+            assert http.post("/v1/jobs", json={"shape": SHAPE, "backend": "cpu"}).status_code == 202
+    finally:
+        outage.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Any) -> Iterator[Any]:
+    """A 3 MB tmpfs, unmounted after the test (and after the services on it stopped: requested first)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True, text=True
+    )
+    assert mounted.returncode == 0, f"the full-disk test mounts a tmpfs, which needs root: {mounted.stderr}"
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_is_503s_and_degraded_and_the_controller_recovers_once_space_is_freed(
+    small_disk: Any, make_service
+) -> None:
+    service = make_service(db_url=f"sqlite:///{small_disk / 'autotune.db'}")
+    service.start_controller()
+    filler = small_disk / "filler"
+    with filler.open("wb") as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {service.token}"}) as http:
+        big = {"shape": SHAPE, "backend": "cpu", "n_trials": 3}
+        answers = [http.post("/v1/jobs", json=big) for _ in range(100)]
+        refused = [a for a in answers if a.status_code == 503]
+        assert refused and all(a.status_code in (202, 503) for a in answers)
+        assert errors_of(refused[0])[0]["rule"] == "is unavailable (the disk is full); retry later"
+        degraded = health(service)
+        assert degraded.status_code == 503 and degraded.json()["problem"] == "writes fail: the disk is full"
+
+        filler.unlink()
+        service.wait_until(lambda: health(service).status_code == 200, timeout_s=30, what="/healthz to recover")
+        accepted = [http.post("/v1/jobs", json=big).status_code for _ in range(20)]
+        assert accepted == [202] * 20
+        assert "Traceback" not in log_of(service)
