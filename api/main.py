@@ -23,7 +23,7 @@ from api import errors
 from api.cache import AnswerCache
 from api.events import JobFeed
 from api.logs import RateLimitedLog
-from api.routes import best, dashboard, health, jobs, presets, workers
+from api.routes import best, dashboard, docs, health, jobs, presets, workers
 from api.scheduler import SchedulerThread
 from api.schemas import ErrorPublic
 from api.settings import Settings
@@ -80,6 +80,8 @@ def create_app(settings: Settings) -> FastAPI:
         description=API_DESCRIPTION,
         version="1",
         lifespan=lifespan,
+        docs_url=None,  # api.routes.docs serves both pages with self-hosted assets
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -95,6 +97,8 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     for module in (jobs, best, presets, workers, health, dashboard):
         app.include_router(module.router, responses=COMMON_RESPONSES)
+    app.include_router(docs.router)
+    docs.mount_assets(app)
     return app
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import re
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -456,3 +459,26 @@ def test_a_full_disk_is_503s_and_degraded_and_the_controller_recovers_once_space
         accepted = [http.post("/v1/jobs", json=big).status_code for _ in range(20)]
         assert accepted == [202] * 20
         assert "Traceback" not in log_of(service)
+
+
+# --- item 9: the database file is private; /docs and /redoc work offline --------------------------------
+
+
+def test_the_sqlite_database_and_its_wal_are_readable_by_their_user_only(idle_service: Service) -> None:
+    path = idle_service.db_url.removeprefix("sqlite:///")
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        assert stat.S_IMODE(os.stat(name).st_mode) == 0o600, name
+
+
+@pytest.mark.parametrize(("page", "marker"), [("/docs", "SwaggerUIBundle"), ("/redoc", "<redoc")])
+def test_the_api_docs_load_every_script_and_style_from_the_controller(
+    http: httpx.Client, page: str, marker: str
+) -> None:
+    html = http.get(page).text
+    assert marker in html and "openapi.json" in html
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert assets and all(a.startswith("/static/docs/") for a in assets), assets
+    for asset in assets:
+        response = http.get(asset)
+        assert response.status_code == 200 and len(response.content) > 100, asset
+    assert "cdn." not in html and "fonts.googleapis" not in html
