@@ -8,6 +8,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 import storage
+from api.fit import waiting_reason
 from api.schemas import (
     BestSoFar,
     JobPublic,
@@ -41,7 +42,10 @@ def job_view(*, session: Session, job: Job) -> JobPublic:
         for study in studies
     ]
     return JobPublic(
-        **JobSummary.model_validate(job).model_dump(), progress=_progress(job=job, studies=studies), slots=slots
+        **JobSummary.model_validate(job).model_dump(),
+        progress=_progress(job=job, studies=studies),
+        slots=slots,
+        waiting_reason=waiting_reason(job, storage.list_workers(session=session)),
     )
 
 
