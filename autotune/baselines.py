@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from autotune.gpu import preset_gpu_name
@@ -81,11 +82,11 @@ def baselines(
 
     sources: list[tuple[str, Callable[[], OverlapConfig]]] = [
         (NONE, lambda: OverlapConfig(method=Method.NONE)),
-        (TE_DEFAULT, lambda: te_default(space.shape, space.slot, backend=space.backend, limits=space.limits)),
+        (TE_DEFAULT, partial(te_default, space.shape, space.slot, backend=space.backend, limits=space.limits)),
         (PRESET, preset),
     ]
-    sources += [(MEASURE_FIRST, lambda c=config: c) for config in measure_first]
-    sources += [(WARM_START, lambda c=config: c) for config in warm_start]
+    sources += [(MEASURE_FIRST, partial(_given, given)) for given in measure_first]
+    sources += [(WARM_START, partial(_given, given)) for given in warm_start]
     found: dict[OverlapConfig, list[str]] = {}
     skipped: list[str] = []
     for label, make in sources:
@@ -105,6 +106,10 @@ def baselines(
         skipped=tuple(skipped),
         caveats=tuple(preset_caveats) if PRESET in measured else (),
     )
+
+
+def _given(config: OverlapConfig) -> OverlapConfig:
+    return config
 
 
 def nearest_preset_config(space: SlotSpace, *, gpu: str) -> OverlapConfig:
