@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import optuna
 from sqlalchemy import Engine
@@ -44,16 +45,18 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 import storage
+from api.fit import can_run
 from api.leadership import Leadership
+from api.logs import RateLimitedLog
 from api.trial_rows import fastest, measurements_of, proposal_of
-from autotune.gpu import CPU, gpu_matches, model_of, results_gpu
+from autotune.gpu import CPU, model_of, results_gpu
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
-from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialPurpose, TrialState, WorkerStatus
+from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialPurpose, TrialState
 from storage.warm_start import neighbour_winners
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,8 @@ class Scheduler:
         """The leadership term `_slots` belong to."""
         self._slots: dict[int, _Slot] = {}
         self._errors: Counter[str] = Counter()
+        self.outages = RateLimitedLog(log)
+        """Failures that repeat every pass while the database is down are logged once per while (api.logs)."""
 
     @property
     def leading(self) -> bool:
@@ -168,7 +173,7 @@ class Scheduler:
             log.warning("job %s failed: %s", job.id, e)
             self._fail(session, job, str(e))
         except TRANSIENT as e:
-            log.warning("job %s: database error, retrying next pass: %s", job.id, e)
+            self.outages.warning("job", "job %s: database error, retrying next pass: %s", job.id, e)
             session.rollback()
             self._forget(job)
         except Exception as e:
@@ -220,19 +225,8 @@ class Scheduler:
         te worker whose inventory reports TransformerEngine (``te_version``)."""
         if job.backend == Backend.CPU:
             return CPU
-        capable = [
-            w.gpu_model
-            for w in storage.list_workers(session=session)
-            if w.status != WorkerStatus.LOST
-            and w.backend == job.backend
-            and (job.backend != Backend.TE or w.te_version is not None)
-            and w.n_gpus >= job.tp
-            and w.gpu_model is not None
-            and (job.gpu is None or gpu_matches(w.gpu_model, job.gpu))
-        ]
-        if not capable:
-            return None
-        return results_gpu(Counter(capable).most_common(1)[0][0], job.backend.value)
+        capable = [w.gpu_model for w in storage.list_workers(session=session) if can_run(w, job)]
+        return results_gpu(Counter(capable).most_common(1)[0][0], job.backend.value) if capable else None
 
     def _drive(self, session: Session, job: Job) -> None:
         """Tell, record, ask for every active slot of a running job; end the job once every slot is decided."""
@@ -374,16 +368,24 @@ class SchedulerThread:
         while not self._stop.is_set():
             try:
                 self.scheduler.tick()
-            except Exception:  # the loop must outlive a database outage; the next pass retries
-                log.exception("scheduler pass failed")
+            except TRANSIENT as e:  # the loop must outlive a database outage; the next pass retries
+                self.scheduler.outages.warning("pass", "scheduler pass failed, retrying: %s", _cause(e))
+                storage.reclaim(engine=self.scheduler.engine)  # a full disk gets the WAL's space back
+            except Exception:
+                self.scheduler.outages.warning("bug", "scheduler pass failed", traceback=True)
             self._stop.wait(self.interval_s)
+
+
+def _cause(error: BaseException) -> str:
+    """The driver's message of a SQLAlchemy error without SQLAlchemy's statement and background link."""
+    return f"{type(error).__name__}: {getattr(error, 'orig', None) or error}"
 
 
 def _optuna_storage(engine: Engine) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on our database: SQLite waits for the write lock as our engine does."""
     url = engine.url.render_as_string(hide_password=False)
     if engine.dialect.name == "sqlite":
-        kwargs = {"connect_args": {"timeout": storage.engine.SQLITE_BUSY_TIMEOUT_MS / 1000}}
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": storage.engine.SQLITE_BUSY_TIMEOUT_MS / 1000}}
     else:
         kwargs = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     """The scheduler lease: its holder renews it every pass; a holder silent this long is replaced."""
     best_cache_s: float = Field(default=1.0, ge=0)
     """How long a ``GET /v1/best`` answer is served from memory (`api.cache`); 0 reads the database every time."""
+    max_streams: int = Field(default=1000, ge=1, le=100_000)
+    """Event streams (``/v1/jobs/{id}/events``) open at once in one process; past it a stream is a 503 with
+    ``Retry-After``.  A waiting stream holds no database connection (`api.events`), only a socket."""
     queue_depth: int = Field(default=2, ge=1, le=64)
     """Waiting trials kept per slot beyond those running, so a free worker never waits for an ask."""
 

@@ -50,7 +50,7 @@ def gpu_inventory() -> list[dict[str, Any]]:
         raise InputError("backend", f"cuda needs the NVIDIA driver, but NVML failed to start: {e}", "cuda") from None
     try:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        gpus = []
+        gpus: list[dict[str, Any]] = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             active, supported = _nvlinks(pynvml, handle)

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -136,7 +137,7 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
         with _progress(console) as bars:
             for slot, study in studies.items():
                 task = bars.add_task(slot.value, total=request.n_trials + 1)
-                drive(study, measurer=runtime, on_told=lambda p, s=study, t=task: _advance(bars, t, s, p))
+                drive(study, measurer=runtime, on_told=partial(_advance, bars, task, study))
                 bars.update(task, completed=request.n_trials + 1)
     outcomes = {slot: study.outcome() for slot, study in studies.items()}
     reasons = {slot: study.progress().note or "" for slot, study in studies.items()}

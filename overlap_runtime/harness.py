@@ -160,7 +160,7 @@ def time_calls(
     dev.synchronize()
     mine = torch.tensor([t.ms() for t in timers], dtype=torch.float64, device=dev.device)
     every = [torch.empty_like(mine) for _ in range(dev.tp)]
-    dist.all_gather(every, mine)
+    dist.all_gather(every, mine, group=dev.pg)
     return torch.stack(every).max(dim=0).values.tolist()
 
 
@@ -170,7 +170,7 @@ def relative_error(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor
     den = sum(float(w.double().norm() ** 2) for w in want)
     err = math.sqrt(num / den) if den > 0 else math.sqrt(num)
     worst = torch.tensor([err if math.isfinite(err) else math.inf], dtype=torch.float64, device=dev.device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=dev.pg)
     return float(worst.item())
 
 
@@ -317,10 +317,10 @@ def _check_numerics(dev: Device, c: _Candidate, *, seed: int = 0) -> float:
             serial(dev, ops)
             dev.synchronize()
             references[id(inputs)] = [t.clone() for t in ops.outputs()]
-    dist.barrier()  # every rank's reference is done before any rank's poison: no transfer is in flight
+    dev.barrier()  # every rank's reference is done before any rank's poison: no transfer is in flight
     ops.poison(dev)
     dev.synchronize()
-    dist.barrier()
+    dev.barrier()
     got, want = [], []
     with dev.jittered(seed):
         for inputs, slow in zip(turns, schedule, strict=True):

@@ -181,6 +181,9 @@ class Trial(Base):
     error: Mapped[str | None] = mapped_column(Text)
     worker_id: Mapped[str | None] = mapped_column(ForeignKey(f"{TABLE_PREFIX}workers.id", ondelete="SET NULL"))
     lease_expires_at: Mapped[datetime | None]
+    lease_nonce_hash: Mapped[str | None] = mapped_column(String(64))
+    """SHA-256 of the nonce handed out with the current claim (`storage.secrets`): renewals and results must
+    repeat the nonce, so a result counts only from the worker holding this very lease."""
     attempts: Mapped[int] = mapped_column(default=0)
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
@@ -235,6 +238,8 @@ class Worker(Base):
     status: Mapped[WorkerStatus]
     registered_at: Mapped[datetime]
     last_heartbeat: Mapped[datetime] = mapped_column(index=True)
+    secret_hash: Mapped[str | None] = mapped_column(String(64))
+    """SHA-256 of the secret the worker got at registration (`storage.secrets`); worker calls carry it."""
 
 
 class LeaderLease(Base):
@@ -257,3 +262,12 @@ class LeaderLease(Base):
     """When the current term began."""
     expires_at: Mapped[datetime]
     """The role is free from this moment on unless the holder renews it first."""
+
+
+class HealthProbe(Base):
+    """The row ``/healthz`` writes to learn whether the database still takes writes (`storage.health`)."""
+
+    __tablename__ = f"{TABLE_PREFIX}health_probes"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at: Mapped[datetime | None]
