@@ -474,17 +474,16 @@ def _layer_task(
         base.destroy_ub()  # re-initialized for every variant, even one measured just before
         ub.current = None
     ub.ensure(shape, cfgs)
-    overlap = cfgs is not None
+    kwargs = layer_kwargs(shape, cfgs)
+    key = (shape, tuple(kwargs.items()))  # one layer per set of userbuffers flags (RS-dgrad or bulk, or none)
     layers = ctx.state.setdefault("te_layers", {})
-    if (shape, overlap) not in layers:
-        torch.manual_seed(1234)  # the same weights with userbuffers and without
-        layer = te.TransformerLayer(
-            **layer_kwargs(shape, cfgs), tp_group=dist.group.WORLD, params_dtype=torch.bfloat16, device=ctx.device
-        )
+    if key not in layers:
+        torch.manual_seed(1234)  # the same weights whatever the flags
+        layer = te.TransformerLayer(**kwargs, tp_group=dist.group.WORLD, params_dtype=torch.bfloat16, device=ctx.device)
         gen = torch.Generator(device=ctx.device).manual_seed(ctx.rank)
         x = torch.randn(layer_input_shape(shape), generator=gen, device=ctx.device, dtype=torch.bfloat16)
-        layers[(shape, overlap)] = (layer, x, torch.randn_like(x))
-    layer, x, dy = layers[(shape, overlap)]
+        layers[key] = (layer, x, torch.randn_like(x))
+    layer, x, dy = layers[key]
 
     inp: list[Any] = []
 
