@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Query
 from sqlalchemy.orm import Session
@@ -45,13 +45,14 @@ class ShapeQuery:
 
     shape: ModelShape
     """The fields given, the others at their defaults: the dimensions looked up, and the nearest preset's target."""
-    filters: tuple[tuple[str, object], ...]
+    filters: tuple[tuple[str, Any], ...]
     """(field, value) of each filter given; a stored shape matches when it agrees with every one."""
     gpu: str | None
 
     @property
     def dtype(self) -> str | None:
-        return dict(self.filters).get("dtype")
+        dtype = dict(self.filters).get("dtype")
+        return None if dtype is None else str(dtype)
 
     def matches(self, stored: ModelShape) -> bool:
         """Whether ``stored`` agrees with each filter: given the filters' values it stays the same shape key,

@@ -64,9 +64,11 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
     except yaml.YAMLError as e:
-        if "constructor for the tag" in str(getattr(e, "problem", "")):
+        if isinstance(e, yaml.MarkedYAMLError) and "constructor for the tag" in str(e.problem):
             rule = "YAML tags such as !!python/object are not allowed (TE presets are read with yaml.safe_load)"
-            raise PresetError("file", rule, f"line {e.problem_mark.line + 1}: {e.problem}") from None
+            raise PresetError(
+                "file", rule, f"line {e.problem_mark.line + 1 if e.problem_mark else '?'}: {e.problem}"
+            ) from None
         raise PresetError("file", f"is not valid YAML: {e}") from None
     shape, gpu, dtype = parse_file_name(name)
     data = {} if data is None else data
@@ -91,9 +93,15 @@ def shape_from_name(match: re.Match[str] | None, name: str | None) -> tuple[Mode
     """(shape, gpu, dtype) from a match of NVIDIA's naming pattern (`FILE_NAME`, Bridge's preset names)."""
     if match is None:
         return None, None, None
-    numbers = {k: int(match[k]) for k in ("hidden", "tp", "mbs", "seq")}
     try:
-        shape = ModelShape(**numbers, cp=int(match["cp"] or 1), dtype=match["dtype"] or "bf16")
+        shape = ModelShape(
+            hidden=int(match["hidden"]),
+            tp=int(match["tp"]),
+            mbs=int(match["mbs"]),
+            seq=int(match["seq"]),
+            cp=int(match["cp"] or 1),
+            dtype=match["dtype"] or "bf16",
+        )
     except InputError as e:
         raise PresetError("file name", f"names a shape TE cannot run: {e}", name) from None
     return shape, match["gpu"], match["dtype"]

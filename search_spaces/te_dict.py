@@ -16,13 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from overlap_runtime.config import DEFAULTS, Method, OverlapConfig
-from overlap_runtime.knobs import BY_NAME, RUNTIME_ONLY_KNOBS, TE_KEYS, TE_METHODS, Kind, te_used
+from overlap_runtime.knobs import BY_NAME, RUNTIME_ONLY_KNOBS, TE_KEYS, TE_MAX_SMS, TE_METHODS, Kind, te_used
 from overlap_runtime.shape import Slot
 from search_spaces.catalog import AG, PL, RS, RX, collective, slot_info, suggest
 from search_spaces.presets import Preset, PresetError, PresetWarning, check_method, to_slot
 
-TE_MAX_SMS = 32
-"""userbuffers' NVTE_MAX_SMS: TE's comm kernels are built for at most 32 CTAs (docs/te_rules.md, NVTE_MAX_SMS = 32)."""
 TE_NUM_MAX_STREAMS = 3
 """TE's fixed `_NUM_MAX_UB_STREAMS`: chunk GEMMs rotate over min(3, chunks) compute streams."""
 

@@ -156,11 +156,11 @@ def best(
         table = Table(
             "slot", "best config", "overlap ms", "serial ms", "hidden", title=f"{group.gpu} {group.shape_key}"
         )
-        for layer in group.layers:
-            m = layer.measurement or {}
+        for best in group.layers:
+            m = best.measurement or {}
             table.add_row(
-                layer.slot,
-                _config_text(layer.config),
+                best.slot,
+                _config_text(best.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
                 f"{m['hidden_frac']:.0%}" if m.get("hidden_frac") is not None else "-",
