@@ -261,9 +261,9 @@ class _ColumnFn(torch.autograd.Function):
             ops = c.operands(dgrad.gemm, dy, weight, dx_full)
             ops.x = x
             if dgrad.plan.method == Method.BULK and dgrad.plan.use_ce:
-                ops.y = ops.peer_buffer(c.dev, BULK_GATHERED, (tokens, x.shape[1])).local
+                ops.y = ops.peer_buffer(c.dev, BULK_GATHERED, (tokens, x.shape[1]), x.dtype).local
             else:
-                ops.y = ops.buffer("x_gathered", (tokens, x.shape[1]))
+                ops.y = ops.buffer("x_gathered", (tokens, x.shape[1]), x.dtype)
             c.run(ops, dgrad.plan)
             dx = torch.empty(rows, x.shape[1], dtype=x.dtype, device=x.device)
             ops = c.operands(wgrad.gemm, dy.t(), ops.y, dw)

@@ -164,7 +164,7 @@ def test_a_config_to_measure_first_that_the_search_space_lacks_is_taken_as_given
             {"proj_fprop": [{**PIPELINE_FIRST, "atomic_gemm": True}]},
             "cuda",
             "measure_first.proj_fprop.0.atomic_gemm",
-            "needs FP8 GEMMs, which this runtime does not run yet",
+            "needs FP8 GEMMs (a shape with dtype fp8, not bf16)",
         ),
         (
             {"proj_fprop": [{**PIPELINE_FIRST, "cga_size": 16}]},
