@@ -8,7 +8,17 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 import storage
-from api.schemas import BestSoFar, JobPublic, JobSummary, Progress, SlotPublic, TrialPublic
+from api.fit import waiting_reason
+from api.schemas import (
+    BestSoFar,
+    JobPublic,
+    JobSummary,
+    OverlapConfigBody,
+    Progress,
+    ProposalBody,
+    SlotPublic,
+    TrialPublic,
+)
 from api.trial_rows import fastest
 from overlap_runtime.shape import ModelShape
 from storage import BestConfig, Job, JobStatus, LayerStudy, Trial
@@ -32,7 +42,10 @@ def job_view(*, session: Session, job: Job) -> JobPublic:
         for study in studies
     ]
     return JobPublic(
-        **JobSummary.model_validate(job).model_dump(), progress=_progress(job=job, studies=studies), slots=slots
+        **JobSummary.model_validate(job).model_dump(),
+        progress=_progress(job=job, studies=studies),
+        slots=slots,
+        waiting_reason=waiting_reason(job, storage.list_workers(session=session)),
     )
 
 
@@ -74,7 +87,9 @@ def _winners(*, session: Session, job: Job) -> dict[str, BestSoFar]:
 
 def _winner(row: BestConfig) -> BestSoFar:
     trial_id = (row.spread or {}).get("trial_id")
-    return BestSoFar(trial_id=trial_id, config=row.config, measurement=row.measurement, final=True)
+    return BestSoFar(
+        trial_id=trial_id, config=OverlapConfigBody.model_validate(row.config), measurement=row.measurement, final=True
+    )
 
 
 def _best_so_far(*, session: Session, study: LayerStudy) -> BestSoFar | None:
@@ -85,7 +100,9 @@ def _best_so_far(*, session: Session, study: LayerStudy) -> BestSoFar | None:
     if best is None:
         return None
     config, measurement = best
-    return BestSoFar(trial_id=trial.id, config=config, measurement=measurement, final=False)
+    return BestSoFar(
+        trial_id=trial.id, config=OverlapConfigBody.model_validate(config), measurement=measurement, final=False
+    )
 
 
 def trial_view(trial: Trial, *, slots: dict[int, str]) -> TrialPublic:
@@ -95,7 +112,7 @@ def trial_view(trial: Trial, *, slots: dict[int, str]) -> TrialPublic:
         optuna_trial_number=trial.optuna_trial_number,
         purpose=trial.purpose.value,
         state=trial.state.value,
-        config=trial.config,
+        config=ProposalBody.model_validate(trial.config),
         measurement=trial.measurement,
         error=trial.error,
         worker_id=trial.worker_id,
