@@ -19,6 +19,7 @@ import enum
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +29,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import storage
 from storage import Trial, WorkerStatus
+
+State = TypeVar("State", bound=enum.Enum)
 
 UNMATCHED = "unmatched"
 """The route label of a request no route matched (scanners' paths must not each make a series)."""
@@ -103,7 +106,7 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("autotune_workers_alive", "Workers heard from within the heartbeat timeout", alive)
 
 
-def _gauge(name: str, documentation: str, label: str, counts: Mapping[enum.Enum, int]) -> GaugeMetricFamily:
+def _gauge(name: str, documentation: str, label: str, counts: Mapping[State, int]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, documentation, labels=[label])
     for state, n in counts.items():
         family.add_metric([state.value], n)

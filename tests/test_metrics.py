@@ -120,7 +120,8 @@ def test_metrics_show_trials_queued_and_leased(make_service, sqlite_url: str) ->
         assert value(scrape(service.url), "autotune_jobs", status="running") == 1
 
         worker = http.post("/v1/workers", json={"name": "w", "host": "h", "backend": "cpu"}).json()
-        assert http.post(f"/v1/workers/{worker['id']}/claim").status_code == 200
+        as_worker = {"Authorization": f"Bearer {worker['secret']}"}
+        assert http.post(f"/v1/workers/{worker['id']}/claim", headers=as_worker).status_code == 200
         samples = scrape(service.url)
         assert value(samples, "autotune_trials", state="running") == 1
         assert value(samples, "autotune_workers", status="busy") == value(samples, "autotune_workers_alive") == 1
