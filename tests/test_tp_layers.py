@@ -146,3 +146,12 @@ def test_a_layer_that_cannot_run_fails_at_construction_naming_the_field(
 def tp2():
     with TPGroup(tp=2, backend="cpu") as group:
         yield group
+
+
+def test_the_readme_example_trains_with_a_tuned_preset_under_torchrun() -> None:
+    preset = "bench/results/presets/ub_cfg_h200_bf16_h8192_tp2_mbs1_seqlen8192.yaml"
+    args = ["--hidden", "64", "--ffn-hidden", "256", "--seq", "64", "--steps", "4", "--preset", preset]
+    out = torchrun("examples/tp_mlp.py", *args, nproc=2)
+    assert "fc1_dgrad: {'method': 'bulk'}" in out and "fc2_fprop: {'method': 'ring_exchange'}" in out, out
+    losses = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("step ")]
+    assert len(losses) == 4 and losses[-1] < losses[0], out
