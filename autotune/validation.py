@@ -20,7 +20,8 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.layers import TransformerOverlap
 from overlap_runtime.shape import ModelShape
 from overlap_runtime.uncertainty import spread
-from search_spaces.layer_configs import read_preset, slot_configs, te_defaults
+from search_spaces.layer_configs import slot_configs, te_defaults
+from search_spaces.preset_files import read_preset
 from search_spaces.registry import nearest
 from search_spaces.te_dict import to_te_dict
 
@@ -122,9 +123,10 @@ def _validate_ours(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str
 def _validate_te(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str], *, steps: int, warmup: int,
                  rounds: int) -> Validation:  # fmt: skip
     try:
-        from overlap_runtime.te_backend import te_layer_step_ms
+        from overlap_runtime.te_backend import require_te, te_group, te_layer_step_ms
     except ImportError as e:
         raise InputError("backend", f"{TE_MISSING}: {e}", "te") from None
+    require_te()  # InputError saying what to install, before anything starts
     ub_cfgs: dict[str, dict | None] = {
         PRESET: to_te_dict(read_preset(preset)),
         NO_OVERLAP: None,
@@ -132,13 +134,13 @@ def _validate_te(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str],
         NVIDIA: to_te_dict(nvidia),
     }
     samples: dict[str, list[float]] = {name: [] for name in ub_cfgs}
-    for _ in range(rounds):
-        for name, cfgs in ub_cfgs.items():
-            try:
-                got = te_layer_step_ms(shape, cfgs, steps=steps, warmup=warmup)
-            except ImportError as e:
-                raise InputError("backend", f"{TE_MISSING}: {e}", "te") from None
-            samples[name] += list(got) if isinstance(got, list | tuple) else [float(got)]
+    group = te_group(shape.tp)  # one group for every variant and round: userbuffers re-initialized per call
+    try:
+        for _ in range(rounds):
+            for name, cfgs in ub_cfgs.items():
+                samples[name] += te_layer_step_ms(shape, cfgs, steps=steps, warmup=warmup, group=group)
+    finally:
+        group.close()
     timings = {name: VariantTiming(samples_ms=tuple(s)) for name, s in samples.items()}
     timings[ASYNC_TP] = VariantTiming(skipped="the te backend times TE's own layer; --backend cuda times async TP")
     return Validation(shape=shape, backend="te", preset=str(preset), variants=timings, notes=tuple(notes))

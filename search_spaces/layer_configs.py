@@ -1,12 +1,12 @@
 """Preset files -> the configs of the library layers (`overlap_runtime.layers.TransformerOverlap`).
 
-A preset is read by the first reader in `READERS` that knows its format:
+A preset is one of:
 
 - our own format (the overall winners, runtime configs as measured on our runtime): `_ours`, the one function
   that plugs it in;
-- a NeMo/Megatron YAML, or TE's ``ub_cfgs`` dict as JSON (bare, or under ``ub_cfgs`` as `te_dict.preset_json`
-  writes it): TE's effective entries, each turned into the runtime config that runs it on the backend
-  (`defaults.as_runnable`).
+- any preset file TE reads (`preset_files.read_preset`: NeMo/Megatron YAML, TE's ``ub_cfgs`` JSON, a
+  Megatron-Bridge module), a ``ub_cfgs`` mapping, or a `Preset`: TE's effective entries, each turned into the
+  runtime config that runs it on the backend (`defaults.as_runnable`).
 
 Slots a preset leaves out run no overlap in the layers (TE would run its defaults there; `te_defaults` gives
 those).  A slot the backend cannot run is an `InputError` naming it, or, with ``strict=False`` (NVIDIA's
@@ -15,13 +15,10 @@ nearest preset, made for another shape), TE's default for the slot, with the rea
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import ConfigError, InputError
@@ -29,8 +26,9 @@ from overlap_runtime.layers import TransformerOverlap
 from overlap_runtime.shape import EXTERNAL_SLOTS, ModelShape, Slot
 from search_spaces.catalog import tunable_slots
 from search_spaces.defaults import as_runnable, te_default
-from search_spaces.nemo_yaml import MAX_PRESET_BYTES, parse_nemo
-from search_spaces.presets import Preset, PresetError
+from search_spaces.preset_files import read_preset
+from search_spaces.presets import Preset
+from search_spaces.te_dict import parse_ub_cfgs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,14 +62,10 @@ def slot_configs(
     strict: bool = True,
 ) -> SlotConfigs:
     """Every slot the preset configures, as a runtime config for ``shape`` (module docstring)."""
-    if isinstance(source, Preset):
-        return _runnable(source, shape, backend=backend, limits=limits, strict=strict)
-    data, name = _load(source) if isinstance(source, str | Path) else (source, None)
-    for reader in READERS:
-        configs = reader(data, name, shape, backend, limits, strict)
-        if configs is not None:
-            return configs
-    raise PresetError("preset", "is in no format this version reads (NeMo YAML, TE ub_cfgs JSON)", name)
+    ours = _ours(source)
+    if ours is not None:
+        return SlotConfigs(configs=dict(ours))
+    return _runnable(_te_preset(source), shape, backend=backend, limits=limits, strict=strict)
 
 
 def te_defaults(shape: ModelShape, *, backend: str, limits: DeviceLimits | None = None) -> TransformerOverlap:
@@ -80,55 +74,22 @@ def te_defaults(shape: ModelShape, *, backend: str, limits: DeviceLimits | None 
     return TransformerOverlap.from_slots(slots)
 
 
-def _load(path: str | Path) -> tuple[Any, str]:
-    path = Path(path)
-    with path.open("rb") as f:
-        raw = f.read(MAX_PRESET_BYTES + 1)
-    if len(raw) > MAX_PRESET_BYTES:
-        raise PresetError("file", f"must be at most {MAX_PRESET_BYTES} bytes (1 MiB); this one is larger", path.name)
-    try:
-        return yaml.safe_load(raw.decode("utf-8")), path.name  # JSON is YAML too
-    except (UnicodeDecodeError, yaml.YAMLError) as e:
-        raise PresetError("file", f"is not UTF-8 YAML or JSON: {e}", path.name) from None
-
-
-Reader = Callable[[Any, str | None, ModelShape, str, DeviceLimits | None, bool], SlotConfigs | None]
-
-
-def _ours(
-    data: Any, name: str | None, shape: ModelShape, backend: str, limits: DeviceLimits | None, strict: bool
-) -> SlotConfigs | None:
-    """Our own preset format: not defined in this version (the exporter of our runtime's winners defines it);
-    its reader goes here and answers None for any other format."""
+def _ours(source: str | Path | Mapping[str, Any] | Preset) -> Mapping[Slot, OverlapConfig] | None:
+    """Our own preset format (the overall winners, runtime configs as measured, run as they are): not defined in
+    this version (the exporter of our runtime's winners defines it).  Its reader goes here and answers None for
+    any other format."""
     return None
 
 
-def _te_entries(
-    data: Any, name: str | None, shape: ModelShape, backend: str, limits: DeviceLimits | None, strict: bool
-) -> SlotConfigs | None:
-    """NeMo YAML or TE's ub_cfgs dict: read strictly as TE reads it (`nemo_yaml.parse_nemo`)."""
-    preset = _te_preset(data, name)
-    return None if preset is None else _runnable(preset, shape, backend=backend, limits=limits, strict=strict)
-
-
-def _te_preset(data: Any, name: str | None) -> Preset | None:
-    if isinstance(data, Mapping) and isinstance(data.get("ub_cfgs"), Mapping):
-        data = data["ub_cfgs"]
-    if data is not None and not isinstance(data, Mapping):
-        return None
-    return parse_nemo(json.dumps(data or {}), name=name)
-
-
-def read_preset(source: str | Path | Mapping[str, Any]) -> Preset:
-    """A preset in one of TE's formats, as TE reads it (what TE's own layer is given)."""
-    data, name = _load(source) if isinstance(source, str | Path) else (source, None)
-    preset = _te_preset(data, name)
-    if preset is None:
-        raise PresetError("preset", "is not a NeMo YAML or TE ub_cfgs file, which TE reads", name)
-    return preset
-
-
-READERS: tuple[Reader, ...] = (_ours, _te_entries)
+def _te_preset(source: str | Path | Mapping[str, Any] | Preset) -> Preset:
+    """A preset in one of TE's formats: a file (`preset_files.read_preset`: NeMo YAML, TE JSON, a Bridge
+    module), a ``ub_cfgs`` mapping (bare or under ``ub_cfgs``), or a `Preset`."""
+    if isinstance(source, Preset):
+        return source
+    if isinstance(source, Mapping):
+        entries = source["ub_cfgs"] if isinstance(source.get("ub_cfgs"), Mapping) else source
+        return Preset(configs=parse_ub_cfgs(entries))
+    return read_preset(source)
 
 
 def _runnable(
