@@ -110,6 +110,8 @@ def _validate_ours(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str
         }
         variants = [Variant(name=name, overlap=overlap) for name, overlap in overlaps.items()]
         skipped: dict[str, str] = {}
+        if backend == "cpu":
+            notes.append("cpu: fp32 GEMMs on the emulated GPU; the times check that every variant runs, not speed")
         if backend == "cuda":
             variants.append(Variant(name=ASYNC_TP, async_tp=True))
         else:
