@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.gpu import device_gpu_name, preset_gpu_name
 from overlap_runtime.errors import InputError
 from overlap_runtime.layers import TransformerOverlap
 from overlap_runtime.shape import ModelShape
@@ -79,12 +80,15 @@ class Validation:
 def validate(
     preset: Path, shape: ModelShape, *, backend: str, steps: int, warmup: int, rounds: int, gpu: str | None = None
 ) -> Validation:
-    """Time every variant of `VARIANTS` for ``shape`` on ``backend`` (module docstring)."""
+    """Time every variant of `VARIANTS` for ``shape`` on ``backend`` (module docstring); ``gpu`` (default: GPU
+    0's model on a GPU backend) picks NVIDIA's nearest preset for that GPU."""
     if backend not in BACKENDS:
         raise InputError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
     if shape.tp < 2:
         raise InputError("tp", "a TP layer needs tp >= 2 (there is no TP collective to hide)", shape.tp)
-    nvidia, distance = nearest(shape, gpu=gpu, dtype=shape.dtype)
+    if gpu is None and backend != "cpu":
+        gpu = device_gpu_name(backend="cuda")
+    nvidia, distance = nearest(shape, gpu=None if gpu is None else preset_gpu_name(gpu), dtype=shape.dtype)
     notes = [f"nvidia: {nvidia.source} (distance {distance:g})"]
     if backend == "te":
         return _validate_te(preset, shape, nvidia, notes, steps=steps, warmup=warmup, rounds=rounds)

@@ -43,7 +43,7 @@ class SlotConfigs:
 
 
 def layer_configs_from_preset(
-    source: str | Path | Mapping[str, Any] | Preset,
+    source: str | Path | Mapping[Any, Any] | Preset,
     shape: ModelShape,
     *,
     backend: str,
@@ -54,7 +54,7 @@ def layer_configs_from_preset(
 
 
 def slot_configs(
-    source: str | Path | Mapping[str, Any] | Preset,
+    source: str | Path | Mapping[Any, Any] | Preset,
     shape: ModelShape,
     *,
     backend: str,
@@ -74,14 +74,14 @@ def te_defaults(shape: ModelShape, *, backend: str, limits: DeviceLimits | None 
     return TransformerOverlap.from_slots(slots)
 
 
-def _ours(source: str | Path | Mapping[str, Any] | Preset) -> Mapping[Slot, OverlapConfig] | None:
+def _ours(source: str | Path | Mapping[Any, Any] | Preset) -> Mapping[Slot, OverlapConfig] | None:
     """Our own preset format (the overall winners, runtime configs as measured, run as they are): not defined in
     this version (the exporter of our runtime's winners defines it).  Its reader goes here and answers None for
     any other format."""
     return None
 
 
-def _te_preset(source: str | Path | Mapping[str, Any] | Preset) -> Preset:
+def _te_preset(source: str | Path | Mapping[Any, Any] | Preset) -> Preset:
     """A preset in one of TE's formats: a file (`preset_files.read_preset`: NeMo YAML, TE JSON, a Bridge
     module), a ``ub_cfgs`` mapping (bare or under ``ub_cfgs``), or a `Preset`."""
     if isinstance(source, Preset):

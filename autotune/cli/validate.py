@@ -28,13 +28,14 @@ def validate_command(
     steps: Annotated[int, typer.Option(min=1, help="Timed steps per variant and round")] = 10,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed steps per variant first")] = 3,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds the variants are interleaved over")] = 3,
+    gpu: Annotated[str | None, typer.Option(help="GPU model for NVIDIA's nearest preset (default: GPU 0's)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Time a TP transformer layer (forward + backward) with the preset and its alternatives."""
     backend = backend or default_backend()
     if backend not in BACKENDS:
         raise InputError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
-    result = validate(preset, shape, backend=backend, steps=steps, warmup=warmup, rounds=rounds)
+    result = validate(preset, shape, backend=backend, steps=steps, warmup=warmup, rounds=rounds, gpu=gpu)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return
