@@ -19,6 +19,7 @@ from typing import Any
 from autotune.gpu import device_gpu_name, preset_gpu_name
 from overlap_runtime.errors import InputError
 from overlap_runtime.layers import TransformerOverlap
+from overlap_runtime.runtime import available_gpus
 from overlap_runtime.shape import ModelShape
 from overlap_runtime.uncertainty import spread
 from search_spaces.layer_configs import slot_configs, te_defaults
@@ -86,12 +87,15 @@ def validate(
         raise InputError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
     if shape.tp < 2:
         raise InputError("tp", "a TP layer needs tp >= 2 (there is no TP collective to hide)", shape.tp)
+    te = _te_backend() if backend == "te" else None  # what to install, before anything else runs
+    if backend == "cuda" and available_gpus() < shape.tp:
+        raise InputError("backend", f"cuda needs tp={shape.tp} GPUs but this host has {available_gpus()}", backend)
     if gpu is None and backend != "cpu":
         gpu = device_gpu_name(backend="cuda")
     nvidia, distance = nearest(shape, gpu=None if gpu is None else preset_gpu_name(gpu), dtype=shape.dtype)
     notes = [f"nvidia: {nvidia.source} (distance {distance:g})"]
-    if backend == "te":
-        return _validate_te(preset, shape, nvidia, notes, steps=steps, warmup=warmup, rounds=rounds)
+    if te is not None:
+        return _validate_te(te, preset, shape, nvidia, notes, steps=steps, warmup=warmup, rounds=rounds)
     return _validate_ours(preset, shape, nvidia, notes, backend=backend, steps=steps, warmup=warmup, rounds=rounds)
 
 
@@ -126,13 +130,18 @@ def _validate_ours(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str
     return Validation(shape=shape, backend=backend, preset=str(preset), variants=timings, notes=tuple(notes))
 
 
-def _validate_te(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str], *, steps: int, warmup: int,
-                 rounds: int) -> Validation:  # fmt: skip
+def _te_backend() -> Any:
+    """`overlap_runtime.te_backend`, with TE present; `InputError` saying what to install otherwise."""
     try:
-        from overlap_runtime.te_backend import require_te, te_group, te_layer_step_ms
+        from overlap_runtime import te_backend
     except ImportError as e:
         raise InputError("backend", f"{TE_MISSING}: {e}", "te") from None
-    require_te()  # InputError saying what to install, before anything starts
+    te_backend.require_te()
+    return te_backend
+
+
+def _validate_te(te: Any, preset: Path, shape: ModelShape, nvidia: Any, notes: list[str], *, steps: int,
+                 warmup: int, rounds: int) -> Validation:  # fmt: skip
     ub_cfgs: dict[str, dict | None] = {
         PRESET: to_te_dict(read_preset(preset)),
         NO_OVERLAP: None,
@@ -140,11 +149,11 @@ def _validate_te(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str],
         NVIDIA: to_te_dict(nvidia),
     }
     samples: dict[str, list[float]] = {name: [] for name in ub_cfgs}
-    group = te_group(shape.tp)  # one group for every variant and round: userbuffers re-initialized per call
+    group = te.te_group(shape.tp)  # one group for every variant and round: userbuffers re-initialized per call
     try:
         for _ in range(rounds):
             for name, cfgs in ub_cfgs.items():
-                samples[name] += te_layer_step_ms(shape, cfgs, steps=steps, warmup=warmup, group=group)
+                samples[name] += te.te_layer_step_ms(shape, cfgs, steps=steps, warmup=warmup, group=group)
     finally:
         group.close()
     timings = {name: VariantTiming(samples_ms=tuple(s)) for name, s in samples.items()}

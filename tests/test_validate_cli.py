@@ -99,3 +99,13 @@ def test_nvidias_nearest_preset_falls_back_to_te_defaults_where_it_cannot_run() 
     lenient = slot_configs(preset, shape, backend="cpu", strict=False)
     assert lenient.notes and all("TE's default instead" in note for note in lenient.notes)
     assert set(lenient.configs) == {s for s in preset.configs if s not in (Slot.PROJ_WGRAD, Slot.FC2_WGRAD)}
+
+
+def test_validate_on_cuda_without_the_gpus_exits_2(preset: Path) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this host has the GPUs: the cuda run is the lead's GPU check")
+    done = run("validate", str(preset), *SHAPE, "--backend", "cuda")
+    assert done.returncode == 2 and "cuda needs tp=2 GPUs" in done.stderr, done.stderr
