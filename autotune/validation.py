@@ -50,9 +50,12 @@ class VariantTiming:
     def to_dict(self, baseline_ms: float | None) -> dict[str, Any]:
         median = self.median_ms
         speedup = baseline_ms / median if median and baseline_ms else None
+        fifths = statistics.quantiles(self.samples_ms, n=5) if len(self.samples_ms) > 1 else [median] * 4
         out = {
             "median_ms": median,
             "spread": spread(self.samples_ms) if self.samples_ms else None,
+            "p20_ms": fifths[0],
+            "p80_ms": fifths[-1],
             "steps": len(self.samples_ms),
             "vs_no_overlap": speedup,
         }

@@ -56,11 +56,12 @@ def test_validate_times_every_variant_on_cpu_as_json(preset: Path) -> None:
     for name in ("preset", "no_overlap", "te_default", "nvidia"):
         timing = result["variants"][name]
         assert timing["median_ms"] > 0 and timing["spread"] >= 0 and timing["steps"] == 4, (name, timing)
+        assert timing["p20_ms"] <= timing["median_ms"] <= timing["p80_ms"], (name, timing)
         assert timing["vs_no_overlap"] == pytest.approx(
             result["variants"]["no_overlap"]["median_ms"] / timing["median_ms"]
         )
     skipped = result["variants"]["torch_async_tp"]
-    assert skipped["median_ms"] is None and "CUDA only" in skipped["skipped"]
+    assert skipped["median_ms"] is None and skipped["p20_ms"] is None and "CUDA only" in skipped["skipped"]
     assert result["shape"]["hidden"] == 64 and result["backend"] == "cpu"
     assert any(note.startswith("nvidia: nvidia:") for note in result["notes"])
 

@@ -40,21 +40,25 @@ def validate_command(
         typer.echo(json.dumps(result.to_dict()))
         return
     Console().print(_table(result))
+    for name, timing in result.variants.items():
+        if timing.skipped:
+            typer.echo(f"skipped: {name}: {timing.skipped}")
     for note in result.notes:
         typer.echo(f"note: {note}")
 
 
 def _table(result: Validation) -> Table:
     table = Table(title=f"{result.shape.label()} {result.shape.dtype} on {result.backend}: {result.preset}")
-    for name in ("variant", "median ms", "spread", "vs no overlap", "steps"):
+    for name in ("variant", "median ms", "p20-p80 ms", "spread", "vs no overlap", "steps"):
         table.add_column(name, justify="left" if name == "variant" else "right")
     for name, timing in result.to_dict()["variants"].items():
         if timing.get("skipped"):
-            table.add_row(name, "-", "-", "-", f"skipped: {timing['skipped']}")
+            table.add_row(name, "-", "-", "-", "-", "skipped")
             continue
         table.add_row(
             name,
             f"{timing['median_ms']:.4g}",
+            f"{timing['p20_ms']:.4g}-{timing['p80_ms']:.4g}",
             f"{timing['spread']:.1%}",
             f"{timing['vs_no_overlap']:.3f}x",
             str(timing["steps"]),
