@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Hashable
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import yaml
 
@@ -97,6 +97,11 @@ def preset_file_name(preset: Preset) -> str:
         raise PresetError("shape", "is needed to name a preset file")
     parts = ["ub_cfg", *(p for p in (preset.gpu, preset.dtype) if p), preset.shape.label()]
     return "_".join(parts) + ".yaml"
+
+
+def te_file_name(name: str) -> str:
+    """The file name of the TE dict (JSON) made from the preset file ``name``: NVIDIA's name, ending in .json."""
+    return PurePath(name).with_suffix(".json").name
 
 
 def write_nemo(preset: Preset) -> str:

@@ -134,3 +134,41 @@ def test_an_unreachable_controller_exits_1() -> None:
     result = CliRunner().invoke(app, ["status", "x", "--controller", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot reach http://127.0.0.1:9" in result.stderr
+
+
+UNMEASURED = ["--hidden", "8192", "--tp", "8", "--seq", "2048", "--mbs", "4"]
+"""A shape nothing was tuned for: export writes the nearest NVIDIA preset, without any trial run."""
+
+
+@pytest.mark.parametrize("out", ["presets/", "presets"])
+def test_export_into_a_folder_that_does_not_exist_creates_it(cpu_service: Service, tmp_path: Path, out: str) -> None:
+    folder = tmp_path / "presets"
+    exported = run(cpu_service, "export", *UNMEASURED, "--out", f"{tmp_path}/{out}")
+    assert exported.exit_code == 0, exported.output
+    path = Path(exported.stdout.strip())
+    assert folder.is_dir() and path.parent == folder
+    assert path.name.startswith("ub_cfg_") and path.suffix == ".yaml"
+    assert parse_nemo(path.read_text(), name=path.name).configs
+
+
+def test_export_te_into_a_folder_writes_nvidia_file_name_as_json(cpu_service: Service, tmp_path: Path) -> None:
+    nemo = Path(run(cpu_service, "export", *UNMEASURED, "--out", str(tmp_path)).stdout.strip())
+    te = run(cpu_service, "export", *UNMEASURED, "--format", "te", "--out", str(tmp_path))
+    assert te.exit_code == 0, te.output
+    path = Path(te.stdout.strip())
+    assert path == nemo.with_suffix(".json")
+    assert json.loads(path.read_text())["ub_cfgs"]
+
+
+@pytest.mark.parametrize(
+    ("out", "rule"),
+    [
+        ("/nonexistent/dir/x.yaml", "error: out: must be in an existing folder, but /nonexistent/dir does not exist"),
+        ("/nonexistent/dir/", "error: out: must be in an existing folder, but /nonexistent does not exist"),
+        ("/proc/version", "error: out: cannot be written: "),
+    ],
+)
+def test_export_to_a_path_that_cannot_be_written_exits_2_naming_out(cpu_service: Service, out: str, rule: str) -> None:
+    exported = run(cpu_service, "export", *UNMEASURED, "--out", out)
+    assert exported.exit_code == 2, exported.output
+    assert rule in exported.stderr and "Traceback" not in exported.output

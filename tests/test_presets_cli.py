@@ -73,3 +73,14 @@ def test_convert_to_nemo_without_out_prints_the_yaml() -> None:
 def test_convert_to_an_unknown_format_exits_2() -> None:
     done = run("convert", str(LLAMA3_70B), "--to", "hydra")
     assert done.returncode == 2 and "hydra" in done.stderr
+
+
+def test_convert_to_te_into_a_new_folder_creates_it_and_names_the_file_as_nvidia(tmp_path: Path) -> None:
+    done = run("convert", str(LLAMA3_70B), "--to", "te", "--out", f"{tmp_path}/te/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "te" / LLAMA3_70B.with_suffix(".json").name)
+
+
+def test_convert_into_a_missing_parent_exits_2_naming_out(tmp_path: Path) -> None:
+    done = run("convert", str(LLAMA3_70B), "--to", "nemo", "--out", str(tmp_path / "no" / "such.yaml"))
+    assert done.returncode == 2 and done.stderr.startswith("error: out: must be in an existing folder")

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Query, Response
 from api.deps import RegistryDep, SessionDep
 from api.lookup import ShapeQueryDep, measured_groups, measured_preset, nearest, one_group
 from api.schemas import ErrorPublic, NearestPublic
-from search_spaces import Preset, preset_file_name, preset_json, write_nemo
+from search_spaces import Preset, preset_file_name, preset_json, te_file_name, write_nemo
 
 router = APIRouter(prefix="/v1", tags=["presets"])
 
@@ -53,12 +53,13 @@ def get_preset(
         preset = measured_preset(one_group(groups))
     else:
         preset, described, _ = nearest(registry=registry, query=query)
+    name = _file_name(preset, described)
     headers = {"X-Autotune-Measured": "false" if described else "true"}
+    headers["Content-Disposition"] = f'attachment; filename="{name if format == Format.NEMO else te_file_name(name)}"'
     if format == Format.TE:
         body: dict[str, Any] = {"measured": described is None, "nearest": described and described.model_dump()}
         body |= preset_json(preset)
         return Response(json.dumps(body, indent=2) + "\n", media_type="application/json", headers=headers)
-    headers["Content-Disposition"] = f'attachment; filename="{_file_name(preset, described)}"'
     return Response(_yaml(preset, described), media_type=YAML_MEDIA_TYPE, headers=headers)
 
 

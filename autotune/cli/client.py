@@ -7,7 +7,6 @@ Each command is a thin wrapper over `autotune.client.Client`.  The controller's 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,6 +17,7 @@ from rich.table import Table
 
 from api.schemas import JobPublic
 from autotune.cli.local_token import read_token
+from autotune.cli.output import console, write_out
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, Client
 from overlap_runtime.shape import ModelShape
@@ -123,7 +123,7 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
             _ms(m.get("serial_ms")),
             ("final" if best.final else "so far") if best else "",
         )
-    Console().print(table)
+    console().print(table)
 
 
 @takes_shape_filter
@@ -150,7 +150,7 @@ def best(
         table = Table("slot", "config (TE entry)", "note")
         for layer in answer.nearest_layers:
             table.add_row(layer.slot, _config_text(layer.config), layer.note or "")
-        Console().print(table)
+        console().print(table)
         return
     for group in answer.results:
         table = Table(
@@ -165,7 +165,7 @@ def best(
                 _ms(m.get("serial_ms")),
                 f"{m['hidden_frac']:.0%}" if m.get("hidden_frac") is not None else "-",
             )
-        Console().print(table)
+        console().print(table)
 
 
 @takes_shape_filter
@@ -173,7 +173,9 @@ def export(
     shape: dict[str, object],
     gpu: Gpu = None,
     format: Annotated[str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON)")] = "nemo",
-    out: Annotated[Path, typer.Option(help="File to write, or a folder for NVIDIA's file name")] = Path("."),
+    out: Annotated[
+        str, typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name: docs/cli.md")
+    ] = ".",
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
 ) -> None:
@@ -182,11 +184,8 @@ def export(
         preset = client.preset(shape, gpu=gpu, format=format)
     if not preset.measured:
         typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
-    if out.is_dir():
-        name = preset.file_name or "preset.yaml"
-        out = out / (name if format == "nemo" else Path(name).with_suffix(".json").name)
-    out.write_text(preset.text, encoding="utf-8")
-    typer.echo(str(out))
+    name = preset.file_name or ("preset.yaml" if format == "nemo" else "preset.json")
+    typer.echo(str(write_out(out, preset.text, name=name)))
 
 
 def cancel(

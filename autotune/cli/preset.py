@@ -11,7 +11,17 @@ from typing import Annotated
 
 import typer
 
-from search_spaces import Preset, PresetWarning, preset_file_name, preset_json, read_nemo, to_te_dict, write_nemo
+from autotune.cli.output import write_out
+from search_spaces import (
+    Preset,
+    PresetWarning,
+    preset_file_name,
+    preset_json,
+    read_nemo,
+    te_file_name,
+    to_te_dict,
+    write_nemo,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Check and convert TE userbuffers presets.")
 
@@ -39,7 +49,8 @@ def convert(
         Format, typer.Option("--to", help="nemo: NeMo/Megatron YAML; te: initialize_ub(ub_cfgs=...) as JSON")
     ],
     out: Annotated[
-        Path | None, typer.Option(help="File to write, or a folder for NVIDIA's file name (default: stdout)")
+        str | None,
+        typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name (default: stdout)"),
     ] = None,
 ) -> None:
     """Convert a preset to NeMo YAML or to TE's ub_cfgs dict."""
@@ -48,9 +59,7 @@ def convert(
     if out is None:
         sys.stdout.write(text)
         return
-    target = out / _file_name(preset, to, file) if out.is_dir() else out
-    target.write_text(text, encoding="utf-8")
-    print(target)
+    print(write_out(out, text, name=_file_name(preset, to, file)))
 
 
 def _read(file: Path) -> tuple[Preset, list[str]]:
@@ -66,4 +75,4 @@ def _read(file: Path) -> tuple[Preset, list[str]]:
 
 def _file_name(preset: Preset, to: Format, source: Path) -> str:
     name = preset_file_name(preset) if preset.shape is not None else source.name
-    return name if to == Format.NEMO else Path(name).with_suffix(".json").name
+    return name if to == Format.NEMO else te_file_name(name)

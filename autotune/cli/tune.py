@@ -9,16 +9,13 @@ from types import FrameType
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from autotune import local
+from autotune.cli import output
 from autotune.cli.measure import default_backend
 from autotune.cli.shape_options import takes_shape
 from autotune.report import outcome_table
 from overlap_runtime.shape import ModelShape
-
-PIPE_WIDTH = 200
-"""Table width when printing to a pipe or a file: rich's 80 columns would cut the knobs off."""
 
 
 @takes_shape
@@ -44,7 +41,7 @@ def tune(
         gpu=gpu,
         seed=seed,
     )
-    console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    console = output.console()
     report = local.tune(request, console=console)
     console.print(outcome_table(report))
     for path in report.files:
