@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import httpx
 import typer
 from pydantic import BaseModel
 from rich.console import Console
@@ -20,11 +21,30 @@ from autotune.cli.local_token import read_token
 from autotune.cli.output import console, write_out
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, Client
+from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
-Controller = Annotated[str, typer.Option(envvar="AUTOTUNE_CONTROLLER", help="Controller URL (or AUTOTUNE_CONTROLLER)")]
+
+def controller_url(value: str) -> str:
+    """``--controller`` as given, once it is an http(s) URL with a host: anything else is bad input (exit 2),
+    found before any request, not a connection error (exit 1) or a worker retrying forever."""
+    try:
+        url = httpx.URL(value)
+    except httpx.InvalidURL:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise InputError(
+            "controller", "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000", value
+        )
+    return value
+
+
+Controller = Annotated[
+    str,
+    typer.Option(envvar="AUTOTUNE_CONTROLLER", callback=controller_url, help="Controller URL (or AUTOTUNE_CONTROLLER)"),
+]
 Token = Annotated[
     str | None,
     typer.Option(envvar="AUTOTUNE_TOKEN", help="Bearer token (or AUTOTUNE_TOKEN; default: local token file)"),

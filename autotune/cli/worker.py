@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from autotune.cli.client import controller_url
 from autotune.cli.local_token import read_token
 from autotune.cli.measure import default_backend
 from autotune.worker import WorkerOptions, run_worker
@@ -19,7 +20,10 @@ BACKENDS = ("cpu", "cuda")
 
 def worker(
     controller: Annotated[
-        str, typer.Option(envvar="AUTOTUNE_CONTROLLER", help="Controller URL, e.g. http://host:8000")
+        str,
+        typer.Option(
+            envvar="AUTOTUNE_CONTROLLER", callback=controller_url, help="Controller URL, e.g. http://host:8000"
+        ),
     ],
     backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
     token: Annotated[str | None, typer.Option(envvar="AUTOTUNE_TOKEN", help="The controller's bearer token")] = None,
