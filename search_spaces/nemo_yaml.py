@@ -4,7 +4,8 @@ Megatron passes ``yaml.safe_load`` of this file straight to TE's ``initialize_ub
 silently ignores a slot name it does not know, so reading is strict: unknown slots (with the close name
 suggested), unknown keys, wrong types, methods a slot cannot run, YAML tags, duplicate keys and files over
 1 MiB are errors.  The shape, GPU and dtype come from the file name (NVIDIA's header comments are not
-reliable: docs/te_rules.md, NVIDIA's preset files).
+reliable: docs/te_rules.md, NVIDIA's preset files), except a dtype the name leaves out, which the header's
+``Model configs`` line gives.
 Writing follows NVIDIA's files: a header comment, slots grouped and ordered
 as NVIDIA orders them, NVIDIA's keys per method plus any key that differs from TE's default, flags as 0/1.
 Notes become comments; they are not read back.
@@ -12,6 +13,7 @@ Notes become comments; they are not read back.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Hashable
@@ -20,7 +22,7 @@ from pathlib import Path, PurePath
 import yaml
 
 from overlap_runtime.errors import InputError
-from overlap_runtime.shape import ModelShape, Slot
+from overlap_runtime.shape import DTYPES, ModelShape, Slot
 from search_spaces.presets import Preset, PresetError, PresetWarning, to_slot
 from search_spaces.te_dict import FLAG_KEYS, parse_entry, te_entry
 
@@ -31,6 +33,9 @@ FILE_NAME = re.compile(
     r"h(?P<hidden>\d+)_tp(?P<tp>\d+)(?:_cp(?P<cp>\d+))?_mbs(?P<mbs>\d+)_seqlen(?P<seq>\d+)\.ya?ml"
 )
 """NVIDIA's names: ``ub_cfg_h100_bf16_h16384_tp8_cp2_mbs1_seqlen8192.yaml`` (gpu, dtype and cp optional)."""
+
+MODEL_LINE = re.compile(r"^#\s*Model configs:\s*(?P<model>\S+)\s*$", re.MULTILINE)
+"""NVIDIA's header line naming the model, the last part being the dtype: ``# Model configs: H100/175B/TP4/.../FP8``."""
 
 _SECTIONS = (
     ("# Bulk overlap with AllGather / ReduceScatter", (Slot.QKV_DGRAD, Slot.QKV_WGRAD, Slot.FC1_DGRAD, Slot.FC1_WGRAD)),
@@ -65,6 +70,16 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
             raise PresetError("file", rule, f"line {e.problem_mark.line + 1}: {e.problem}") from None
         raise PresetError("file", f"is not valid YAML: {e}") from None
     shape, gpu, dtype = parse_file_name(name)
+    said = header_dtype(text)
+    if said is not None and dtype is None:  # the name does not say: the header does (NVIDIA's FP8 presets)
+        # The shape's dtype only: `Preset.dtype` stays what the name says, so the file keeps NVIDIA's name.
+        shape = None if shape is None else dataclasses.replace(shape, dtype=said)
+    elif said is not None and said != dtype:
+        warnings.warn(
+            f"{name}: the header says {said.upper()} but the file name says {dtype}; the file name is used",
+            PresetWarning,
+            stacklevel=2,
+        )
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise PresetError("file", "must be a mapping of TE slot names to ub_cfgs entries", type(data).__name__)
@@ -89,6 +104,14 @@ def parse_file_name(name: str | None) -> tuple[ModelShape | None, str | None, st
     except InputError as e:
         raise PresetError("file name", f"names a shape TE cannot run: {e}", name) from None
     return shape, match["gpu"], match["dtype"]
+
+
+def header_dtype(text: str) -> str | None:
+    """The dtype NVIDIA's header names last on its ``# Model configs: H100/70B/TP8/MBS1/SeqLen8K/FP8`` line;
+    None without such a line.  Only the dtype is read: the header's TP is wrong in some of NVIDIA's files."""
+    match = MODEL_LINE.search(text)
+    last = match["model"].rsplit("/", 1)[-1].lower() if match else None
+    return last if last in DTYPES else None
 
 
 def preset_file_name(preset: Preset) -> str:
@@ -140,7 +163,7 @@ def _model_line(preset: Preset) -> str:
         f"CP{s.cp}" if s.cp > 1 else "",
         f"MBS{s.mbs}",
         f"SeqLen{seq}",
-        (preset.dtype or "").upper(),
+        s.dtype.upper(),  # the shape's: a header dtype read back (`header_dtype`) where the name has none
     ]
     return "/".join(p for p in parts if p)
 

@@ -84,3 +84,57 @@ def test_convert_to_te_into_a_new_folder_creates_it_and_names_the_file_as_nvidia
 def test_convert_into_a_missing_parent_exits_2_naming_out(tmp_path: Path) -> None:
     done = run("convert", str(LLAMA3_70B), "--to", "nemo", "--out", str(tmp_path / "no" / "such.yaml"))
     assert done.returncode == 2 and done.stderr.startswith("error: out: must be in an existing folder")
+
+
+def _truncated(tmp_path: Path, lines: int) -> Path:
+    """NVIDIA's Llama 3 70B file cut after ``lines`` lines, under its own name (so the shape is still known)."""
+    cut = tmp_path / LLAMA3_70B.name
+    cut.write_text("\n".join(LLAMA3_70B.read_text().splitlines()[:lines]) + "\n")
+    return cut
+
+
+def test_validate_of_a_truncated_file_exits_2_naming_the_missing_slots(tmp_path: Path) -> None:
+    cut = _truncated(tmp_path, 24)
+    kept = set(yaml.safe_load(cut.read_text()))
+    assert 0 < len(kept) < 10
+    done = run("validate", str(cut))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: file: leaves out {10 - len(kept)} slots: qkv_fprop, ")
+    assert "pass --partial" in done.stderr
+
+
+def test_validate_partial_accepts_a_truncated_file_with_a_warning(tmp_path: Path) -> None:
+    done = run("validate", "--partial", str(_truncated(tmp_path, 24)))
+    assert done.returncode == 0, done.stderr
+    (warning,) = json.loads(done.stdout)["warnings"]
+    assert warning.startswith("leaves out ") and "fc2_fprop" in warning and "warning: leaves out" in done.stderr
+
+
+def test_validate_refuses_a_count_beyond_the_knob_bound_naming_it(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    text = LLAMA3_70B.read_text()
+    assert "  num_sm: 24\n" in text
+    big.write_text(text.replace("  num_sm: 24\n", "  num_sm: 99999999999999999999999\n", 1))
+    done = run("validate", str(big))
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and "num_sm: must be between 1 and 64 (got 99999999999999999999999)" in (
+        done.stderr
+    )
+
+
+def test_validate_reads_the_dtype_from_nvidia_header_when_the_name_leaves_it_out() -> None:
+    """`ub_cfg_h100_h8192_tp4_mbs1_seqlen8192.yaml` names no dtype; its header says FP8."""
+    assert LLAMA3_70B.read_text().splitlines()[1].endswith("/FP8")
+    out = json.loads(run("validate", str(LLAMA3_70B)).stdout)
+    assert out["shape"]["dtype"] == "fp8"
+    assert out["dtype"] is None  # what the name says: the file keeps NVIDIA's name when written again
+
+
+def test_validate_warns_when_the_header_dtype_contradicts_the_file_name() -> None:
+    named_bf16 = PRESETS / "launcher" / "ub_cfg_h100_bf16_h16384_tp8_cp2_mbs1_seqlen8192.yaml"
+    done = run("validate", str(named_bf16))
+    assert done.returncode == 0
+    out = json.loads(done.stdout)
+    assert out["dtype"] == "bf16" and out["warnings"] == [
+        f"{named_bf16.name}: the header says FP8 but the file name says bf16; the file name is used"
+    ]

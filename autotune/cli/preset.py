@@ -14,6 +14,7 @@ import typer
 from autotune.cli.output import write_out
 from search_spaces import (
     Preset,
+    PresetError,
     PresetWarning,
     preset_file_name,
     preset_json,
@@ -36,9 +37,22 @@ class Format(enum.StrEnum):
 
 
 @app.command()
-def validate(file: PresetFile) -> None:
-    """Print the preset's normalized configs (TE's effective ub_cfgs) as JSON; exit 2 on a bad file."""
+def validate(
+    file: PresetFile,
+    partial: Annotated[
+        bool, typer.Option("--partial", help="Accept a file that configures only some slots (warn instead)")
+    ] = False,
+) -> None:
+    """Print the preset's normalized configs (TE's effective ub_cfgs) as JSON; exit 2 on a bad file, or on one
+    that leaves slots out (a truncated file, say) unless ``--partial``."""
     preset, caught = _read(file)
+    if preset.missing and not preset.empty:  # an empty file is NVIDIA's hydra dummy: `_read` warned already
+        names = ", ".join(slot.value for slot in preset.missing)
+        rule = f"leaves out {len(preset.missing)} slots: {names}"
+        if not partial:
+            raise PresetError("file", f"{rule} (TE would run its defaults there); pass --partial if that is meant")
+        caught.append(f"{rule}: TE runs its defaults there")
+        print(f"warning: {caught[-1]}", file=sys.stderr)
     print(json.dumps(preset_json(preset) | {"warnings": caught}, indent=2))
 
 
