@@ -36,6 +36,7 @@ from uvicorn.config import LOGGING_CONFIG
 import storage
 from api.main import app_from_env, create_app
 from api.settings import Settings
+from autotune.cli import signals
 from autotune.cli.local_token import load_or_create_token, token_path
 from autotune.cli.measure import default_backend
 from overlap_runtime.errors import InputError
@@ -96,6 +97,7 @@ def serve(
     settings.check_scheduler()
     _migrate(settings)
     app: FastAPI | str = create_app(settings) if workers == 1 else _export_for_workers(settings)
+    signals.stop_on_sigterm()  # uvicorn raises SIGTERM again once it has shut down: stop the local worker then
     with _local_worker(settings, backend) if local_worker else contextlib.nullcontext():
         uvicorn.run(app, workers=workers, factory=workers > 1, **options)
 
@@ -158,6 +160,7 @@ def _local_worker(settings: Settings, backend: str | None) -> Iterator[None]:
     if settings.token is not None:
         env["AUTOTUNE_TOKEN"] = settings.token.get_secret_value()  # the environment, not argv: ps shows argv
     command = [sys.executable, "-c", _CLI_MAIN, "worker", "--controller", _url(settings), "--backend", backend or "cpu"]
+    command += ["--parent-pid", str(os.getpid())]  # it stops itself should this process die without stopping it
     worker = subprocess.Popen(command, env=env)
     try:
         yield
