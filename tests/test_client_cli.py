@@ -7,6 +7,8 @@ are real processes.  Exit codes follow the CLI's manners: 0 success, 1 failure, 
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.app import app
+from overlap_runtime.shape import ModelShape
 from search_spaces import parse_nemo
 
 if TYPE_CHECKING:
@@ -172,3 +175,34 @@ def test_export_to_a_path_that_cannot_be_written_exits_2_naming_out(cpu_service:
     exported = run(cpu_service, "export", *UNMEASURED, "--out", out)
     assert exported.exit_code == 2, exported.output
     assert rule in exported.stderr and "Traceback" not in exported.output
+
+
+def test_status_into_a_pipe_prints_a_waiting_job_at_once(cpu_service: Service) -> None:
+    """A cuda job with only a CPU worker waits: `status` (following, stderr a pipe) says so in its first line
+    at once instead of staying silent until the job ends."""
+    with cpu_service.client() as client:
+        job_id = client.submit(shape=ModelShape(hidden=64, tp=2, seq=32), backend="cuda").id
+        env = {**os.environ, "AUTOTUNE_CONTROLLER": cpu_service.url, "AUTOTUNE_TOKEN": cpu_service.token}
+        follow = subprocess.Popen([AUTOTUNE, "status", job_id], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            ready, _, _ = select.select([follow.stderr], [], [], 60)  # an interpreter start, then one request
+            assert ready, "status printed nothing within 60 s"
+            assert follow.stderr is not None
+            line = follow.stderr.readline().decode()
+        finally:
+            follow.terminate()
+            follow.wait(30)
+            client.cancel(job_id)
+    assert line.startswith(f"job {job_id[:8]}") and "queued" in line
+
+
+@pytest.mark.slow
+def test_submit_follow_into_a_pipe_prints_progress_lines_and_whole_tables(cpu_service: Service) -> None:
+    args = ["submit", *SHAPE_ARGS, "--seq", "48", "--layers", "qkv_fprop", "--trials", "3", "--backend", "cpu"]
+    followed = run(cpu_service, *args, "--follow")
+    assert followed.exit_code == 0, followed.output
+    job_id = followed.stdout.splitlines()[0]
+    lines = [line for line in followed.stderr.splitlines() if line.startswith(f"job {job_id[:8]}: ")]
+    assert (lines and lines[-1].endswith("trials, running (100%)")) or "succeeded" in lines[-1], followed.stderr
+    (row,) = [line for line in followed.stdout.splitlines() if "qkv_fprop" in line]
+    assert "final" in row and len(row) > 80  # the whole row on one line: not wrapped at 80 columns

@@ -12,13 +12,12 @@ from typing import Annotated
 import httpx
 import typer
 from pydantic import BaseModel
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from api.schemas import JobPublic
 from autotune.cli.local_token import read_token
 from autotune.cli.output import console, write_out
+from autotune.cli.progress import JobProgress, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, Client
 from overlap_runtime.errors import InputError
@@ -78,6 +77,8 @@ def submit(
     with _client(controller, token) as client:
         accepted = client.submit(shape=shape, layers=names, n_trials=trials, backend=backend, gpu=gpu)
         typer.echo(accepted.model_dump_json() if as_json else accepted.id)
+        if reason := waiting_reason(client.job(accepted.id)):  # now, not after the user has waited for nothing
+            typer.echo(f"warning: job {accepted.id} waits: {reason}", err=True)
         if follow:
             _follow(client, accepted.id, as_json=as_json)
 
@@ -99,23 +100,15 @@ def status(
 
 
 def _follow(client: Client, job_id: str, *, as_json: bool) -> None:
-    """Follow the job's events (a progress bar on a terminal), print it, exit 1 unless it succeeded."""
+    """Follow the job's events (`JobProgress`: a bar on a terminal, lines elsewhere), print it, exit 1 unless
+    it succeeded."""
     job = client.job(job_id)
-    console = Console(stderr=True)
     if job.status not in TERMINAL:
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TaskProgressColumn(),
-            TextColumn("{task.fields[done]}"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
-            task = bar.add_task(f"job {job_id[:8]}", total=1.0, done="")
+        with JobProgress(job_id) as shown:
+            shown.show(job)  # at once: a job that waits says so now, not when its first event comes
             while job.status not in TERMINAL:
                 for job in client.progress(job_id):
-                    done = f"{job.progress.done}/{job.progress.total} trials, {job.status}"
-                    bar.update(task, completed=job.progress.fraction, done=done)
+                    shown.show(job)
                 job = client.job(job_id)  # the stream ended: done, or the server closed it (then follow again)
     _print_job(job, as_json=as_json)
     if job.status != "succeeded":
@@ -128,6 +121,8 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
         return
     p = job.progress
     typer.echo(f"job {job.id}: {job.status} ({p.done}/{p.total} trials, {p.fraction:.0%})")
+    if reason := waiting_reason(job):
+        typer.echo(f"waiting: {reason}")
     if job.error:
         typer.echo(f"error: {job.error}")
     table = Table("slot", "status", "trials", "best config", "overlap ms", "serial ms", "")
