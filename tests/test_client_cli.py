@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from typer.testing import CliRunner
 
+from api.schemas import BestLayer
 from autotune.cli.app import app
+from autotune.cli.client import SLOWER_NOTE, _slower_than_serial
 from overlap_runtime.shape import ModelShape
 from search_spaces import parse_nemo
 
@@ -206,3 +208,37 @@ def test_submit_follow_into_a_pipe_prints_progress_lines_and_whole_tables(cpu_se
     assert (lines and lines[-1].endswith("trials, running (100%)")) or "succeeded" in lines[-1], followed.stderr
     (row,) = [line for line in followed.stdout.splitlines() if "qkv_fprop" in line]
     assert "final" in row and len(row) > 80  # the whole row on one line: not wrapped at 80 columns
+
+
+@pytest.mark.slow
+def test_best_on_the_cpu_backend_hides_the_share_hidden_and_explains_slow_winners(
+    cpu_service: Service, finished_job: str
+) -> None:
+    answer = json.loads(run(cpu_service, "best", *SHAPE_ARGS, "--json").stdout)
+    shown = run(cpu_service, "best", *SHAPE_ARGS)
+    assert shown.exit_code == 0, shown.output
+    assert "note: measured on the CPU backend" in shown.stderr and "not shown (n/a)" in shown.stderr
+    (layer,) = answer["results"][0]["layers"]
+    (row,) = [line for line in shown.stdout.splitlines() if layer["slot"] in line]
+    assert "n/a" in row and "%" not in row
+    m = layer["measurement"]
+    slower = m["overlap_ms"] > m["serial_ms"] and layer["config"]["method"] != "none"
+    assert ("slower than serial in its own trial" in row) == slower, (m, row)
+
+
+def test_a_winner_slower_than_its_serial_time_gets_the_note_unless_it_is_none() -> None:
+    """The note's rule on the API's own model of a stored winner (the CLI test above sees whichever case the
+    CPU backend measured)."""
+
+    def layer(method: str, overlap_ms: float) -> BestLayer:
+        return BestLayer.model_validate(
+            {
+                "slot": "qkv_fprop",
+                "config": {"method": method},
+                "measurement": {"overlap_ms": overlap_ms, "serial_ms": 1.0},
+            }
+        )
+
+    assert _slower_than_serial(layer("ring_exchange", 1.2)) == SLOWER_NOTE
+    assert _slower_than_serial(layer("ring_exchange", 0.8)) is None
+    assert _slower_than_serial(layer("none", 1.2)) is None

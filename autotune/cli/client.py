@@ -14,12 +14,14 @@ import typer
 from pydantic import BaseModel
 from rich.table import Table
 
-from api.schemas import JobPublic
+from api.schemas import BestLayer, JobPublic
 from autotune.cli.local_token import read_token
 from autotune.cli.output import console, write_out
 from autotune.cli.progress import JobProgress, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, Client
+from autotune.gpu import CPU
+from overlap_runtime.config import Method
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 
@@ -168,8 +170,9 @@ def best(
         console().print(table)
         return
     for group in answer.results:
+        on_cpu = group.gpu == CPU
         table = Table(
-            "slot", "best config", "overlap ms", "serial ms", "hidden", title=f"{group.gpu} {group.shape_key}"
+            "slot", "best config", "overlap ms", "serial ms", "hidden", "note", title=f"{group.gpu} {group.shape_key}"
         )
         for layer in group.layers:
             m = layer.measurement or {}
@@ -178,9 +181,31 @@ def best(
                 _config_text(layer.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
-                f"{m['hidden_frac']:.0%}" if m.get("hidden_frac") is not None else "-",
+                "n/a" if on_cpu or m.get("hidden_frac") is None else f"{m['hidden_frac']:.0%}",
+                "; ".join(n for n in (_slower_than_serial(layer), layer.note) if n),
             )
         console().print(table)
+        if on_cpu:
+            typer.echo(CPU_NOTE, err=True)
+
+
+CPU_NOTE = (
+    "note: measured on the CPU backend (gloo between CPU processes): these times show that the service works, "
+    "not what a GPU gains, so the share hidden is not shown (n/a); tune on GPUs for numbers to use"
+)
+SLOWER_NOTE = (
+    "slower than serial in its own trial, yet faster than no overlap (none) measured beside it: "
+    "the gap is within the noise"
+)
+
+
+def _slower_than_serial(layer: BestLayer) -> str | None:
+    """The note for an overlap winner whose time is above its trial's serial time: the winner was picked
+    against no overlap measured in the same finalist batch, so that gap is noise between trials."""
+    m = layer.measurement or {}
+    overlap, serial = m.get("overlap_ms"), m.get("serial_ms")
+    slower = overlap is not None and serial is not None and overlap > serial
+    return SLOWER_NOTE if slower and layer.config.method != Method.NONE else None
 
 
 @takes_shape_filter
