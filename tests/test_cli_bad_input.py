@@ -76,4 +76,6 @@ def test_a_read_only_file_system_at_start_exits_1_with_the_reason(tmp_path: Path
         check=False,
     )
     assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith("error: database: upgrade failed: OperationalError: unable to open database file")
+    assert (
+        done.stderr == f"error: database: cannot create the SQLite file {folder}/autotune.db: Read-only file system\n"
+    )

@@ -18,10 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from api.schemas import BestLayer
+from autotune import NoTunedPreset, load_ub_cfgs
 from autotune.cli.app import app
 from autotune.cli.client import SLOWER_NOTE, _slower_than_serial
 from overlap_runtime.shape import ModelShape
-from search_spaces import parse_nemo
+from search_spaces import parse_bridge, parse_nemo, to_te_dict
 
 if TYPE_CHECKING:
     from click.testing import Result
@@ -85,6 +86,23 @@ def test_best_and_export_write_what_was_measured(cpu_service: Service, finished_
     assert "qkv_fprop" in {s.value for s in parse_nemo(path.read_text(), name=path.name).configs}
     te = run(cpu_service, "export", *SHAPE_ARGS, "--format", "te", "--out", str(tmp_path))
     assert te.exit_code == 0 and "qkv_fprop" in json.loads(Path(te.stdout.strip()).read_text())["ub_cfgs"]
+    bridge = run(cpu_service, "export", *SHAPE_ARGS, "--format", "bridge", "--out", str(tmp_path))
+    assert bridge.exit_code == 0, bridge.output
+    module = Path(bridge.stdout.strip())
+    assert module.name == "userbuffers_bf16_cpu_h64_tp2_mbs1_seqlen32.py"
+    assert parse_bridge(module.read_text()).configs == parse_nemo(path.read_text(), name=path.name).configs
+
+
+@pytest.mark.slow
+def test_load_ub_cfgs_asks_the_controller(cpu_service: Service, finished_job: str, tmp_path: Path) -> None:
+    exported = run(cpu_service, "export", *SHAPE_ARGS, "--out", str(tmp_path))
+    path = Path(exported.stdout.strip())
+    shape = {"hidden": 64, "tp": 2, "seq": 32}
+    ub_cfgs = load_ub_cfgs(shape=shape, source=cpu_service.url, token=cpu_service.token)
+    assert ub_cfgs == to_te_dict(parse_nemo(path.read_text(), name=path.name)) and "qkv_fprop" in ub_cfgs
+    assert load_ub_cfgs(shape=ModelShape(**shape), source=cpu_service.url, token=cpu_service.token) == ub_cfgs
+    with pytest.raises(NoTunedPreset, match=r"the nearest tuned shape is h64_tp2_mbs1_seq\d+_.* doublings away, job "):
+        load_ub_cfgs(shape={**shape, "seq": 128}, source=cpu_service.url, token=cpu_service.token)
 
 
 @pytest.mark.slow
@@ -161,7 +179,10 @@ def test_export_te_into_a_folder_writes_nvidia_file_name_as_json(cpu_service: Se
     te = run(cpu_service, "export", *UNMEASURED, "--format", "te", "--out", str(tmp_path))
     assert te.exit_code == 0, te.output
     path = Path(te.stdout.strip())
-    assert path == nemo.with_suffix(".json")
+    preset = parse_nemo(nemo.read_text(), name=nemo.name)
+    assert preset.shape is not None and path.parent == nemo.parent
+    # NVIDIA's name, the dtype always named (a TE dict has no header to say it)
+    assert path.name == f"ub_cfg_{preset.gpu}_{preset.shape.dtype}_{preset.shape.label()}.json"
     assert json.loads(path.read_text())["ub_cfgs"]
 
 
@@ -190,12 +211,33 @@ def test_status_into_a_pipe_prints_a_waiting_job_at_once(cpu_service: Service) -
             ready, _, _ = select.select([follow.stderr], [], [], 60)  # an interpreter start, then one request
             assert ready, "status printed nothing within 60 s"
             assert follow.stderr is not None
-            line = follow.stderr.readline().decode()
+            first, second = follow.stderr.readline().decode(), follow.stderr.readline().decode()
         finally:
             follow.terminate()
             follow.wait(30)
             client.cancel(job_id)
-    assert line.startswith(f"job {job_id[:8]}") and "queued" in line
+    assert first.startswith(f"job {job_id[:8]}: 0/") and "queued" in first
+    assert second.startswith(f"job {job_id[:8]} waits: no registered worker can run it: it needs a cuda worker")
+
+
+def test_submit_warns_at_once_when_no_registered_worker_can_run_the_job(cpu_service: Service) -> None:
+    """No --backend: the controller's default, cuda, which the one CPU worker cannot run."""
+    submitted = run(cpu_service, "submit", *SHAPE_ARGS)
+    assert submitted.exit_code == 0, submitted.output
+    job_id = submitted.stdout.strip()
+    with cpu_service.client() as client:
+        client.cancel(job_id)
+    assert submitted.stderr.startswith(f"warning: job {job_id} waits: no registered worker can run it: it needs ")
+    assert "registered: w0 (cpu)" in submitted.stderr
+
+
+def test_status_of_a_waiting_job_says_why(cpu_service: Service) -> None:
+    with cpu_service.client() as client:
+        job_id = client.submit(shape=ModelShape(hidden=64, tp=2, seq=32), backend="cuda").id
+        shown = run(cpu_service, "status", job_id, "--no-follow")
+        client.cancel(job_id)
+    assert shown.exit_code == 0, shown.output
+    assert "waiting: no registered worker can run it: it needs a cuda worker with at least 2 GPUs" in shown.stdout
 
 
 @pytest.mark.slow

@@ -78,7 +78,8 @@ def test_convert_to_an_unknown_format_exits_2() -> None:
 def test_convert_to_te_into_a_new_folder_creates_it_and_names_the_file_as_nvidia(tmp_path: Path) -> None:
     done = run("convert", str(LLAMA3_70B), "--to", "te", "--out", f"{tmp_path}/te/")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(tmp_path / "te" / LLAMA3_70B.with_suffix(".json").name)
+    # The dtype NVIDIA's header gives (FP8) goes into the name: a TE dict has no header to carry it.
+    assert done.stdout.strip() == str(tmp_path / "te" / "ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.json")
 
 
 def test_convert_into_a_missing_parent_exits_2_naming_out(tmp_path: Path) -> None:
@@ -138,3 +139,22 @@ def test_validate_warns_when_the_header_dtype_contradicts_the_file_name() -> Non
     assert out["dtype"] == "bf16" and out["warnings"] == [
         f"{named_bf16.name}: the header says FP8 but the file name says bf16; the file name is used"
     ]
+
+
+def test_a_te_json_validates_bare_or_with_its_shape(tmp_path: Path) -> None:
+    """The JSON `convert --to te` and `autotune tune` write (shape from the file name), and the normalized
+    view `GET /v1/presets?format=te` serves (shape inside), read back as the YAML they came from."""
+    done = run("convert", str(LLAMA3_70B), "--to", "te", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    bare = Path(done.stdout.strip())
+    normalized = tmp_path / "served.json"
+    normalized.write_text(json.dumps(preset_json(read_nemo(LLAMA3_70B))))
+    for file in (bare, normalized):
+        validated = run("validate", str(file))
+        assert validated.returncode == 0, validated.stderr
+        got = json.loads(validated.stdout)
+        # The bare JSON's name says fp8, which the YAML's name leaves to its header: the shapes agree.
+        assert got["shape"]["dtype"] == "fp8" and got["dtype"] in (None, "fp8")
+        assert got | {"dtype": None} == preset_json(read_nemo(LLAMA3_70B)) | {"warnings": []}
+    normalized.write_text('{"ub_cfgs": {"qkv_fprp": {}}}')
+    assert run("validate", str(normalized)).stderr.startswith("error: qkv_fprp: is not a TE userbuffers slot")

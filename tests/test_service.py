@@ -74,7 +74,7 @@ def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> Non
         valid = [m["overlap_ms"] for _, m in measured_pairs(holders[0]) if m["valid"]]
         assert layer.measurement["overlap_ms"] == min(valid)
         slot_view = next(s for s in job.slots if s.slot == layer.slot)
-        assert slot_view.best.final and slot_view.best.config.model_dump() == layer.config
+        assert slot_view.best.final and slot_view.best.config == layer.config
         assert slot_view.best.trial_id == holders[0].id
         carried = layer.config
         if layer.config.method == Method.NONE:
@@ -229,7 +229,7 @@ def test_a_job_may_name_its_gpu_by_the_short_name_and_runs_on_that_model_only(ma
             lambda: (j := client.job(h200)).status == "running" and j, timeout_s=30, what="the h200 job to start"
         )
         assert job.gpu == "NVIDIA H200"
-        claim = service.wait_until(lambda: client.claim(worker.id), timeout_s=30, what="a claim")
+        claim = service.wait_until(lambda: client.claim(worker), timeout_s=30, what="a claim")
         assert claim.job_id == h200
         assert client.job(a100).status == "queued" and client.job(a100).gpu == "A100"
 
@@ -267,11 +267,11 @@ def test_a_worker_reporting_measurements_of_the_old_shape_is_heard_beside_one_re
         job_id = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cuda").id
         sent: dict[int, dict[str, Any]] = {}
         for turn in range(12):
-            claim = service.wait_until(lambda: client.claim(worker.id), timeout_s=30, what="a claim")
+            claim = service.wait_until(lambda: client.claim(worker), timeout_s=30, what="a claim")
             finalist = claim.proposal.purpose == "finalist"
             body = new if turn % 2 or finalist else old
             n = len(claim.proposal.configs)
-            assert client.report(worker.id, claim.trial_id, measurements=[body] * n).state == "complete"
+            assert client.report(worker, claim, measurements=[body] * n).state == "complete"
             sent[claim.trial_id] = body
             if finalist:
                 break

@@ -174,15 +174,15 @@ def best(
         table = Table(
             "slot", "best config", "overlap ms", "serial ms", "hidden", "note", title=f"{group.gpu} {group.shape_key}"
         )
-        for layer in group.layers:
-            m = layer.measurement or {}
+        for best in group.layers:
+            m = best.measurement or {}
             table.add_row(
-                layer.slot,
-                _config_text(layer.config),
+                best.slot,
+                _config_text(best.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
                 "n/a" if on_cpu or m.get("hidden_frac") is None else f"{m['hidden_frac']:.0%}",
-                "; ".join(n for n in (_slower_than_serial(layer), layer.note) if n),
+                "; ".join(n for n in (_slower_than_serial(best), best.note) if n),
             )
         console().print(table)
         if on_cpu:
@@ -208,11 +208,17 @@ def _slower_than_serial(layer: BestLayer) -> str | None:
     return SLOWER_NOTE if slower and layer.config.method != Method.NONE else None
 
 
+FALLBACK_SUFFIX = {"nemo": "yaml", "te": "json", "bridge": "py"}
+"""The file's suffix per format, for a controller that sends no file name."""
+
+
 @takes_shape_filter
 def export(
     shape: dict[str, object],
     gpu: Gpu = None,
-    format: Annotated[str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON)")] = "nemo",
+    format: Annotated[
+        str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON) | bridge (Megatron-Bridge module)")
+    ] = "nemo",
     out: Annotated[
         str, typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name: docs/cli.md")
     ] = ".",
@@ -224,7 +230,7 @@ def export(
         preset = client.preset(shape, gpu=gpu, format=format)
     if not preset.measured:
         typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
-    name = preset.file_name or ("preset.yaml" if format == "nemo" else "preset.json")
+    name = preset.file_name or f"preset.{FALLBACK_SUFFIX.get(format, 'yaml')}"  # the controller names it
     typer.echo(str(write_out(out, preset.text, name=name)))
 
 

@@ -57,14 +57,17 @@ class JobProgress:
             self._bar.stop()
 
     def show(self, job: JobPublic) -> None:
+        text = f"{job.progress.done}/{job.progress.total} trials, {job.status}"
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, completed=job.progress.fraction, done=text)
+        else:
+            self._line_for(job, text)
         reason = waiting_reason(job)
         if reason is not None and reason != self._reason:
             self._print(f"{self._label} waits: {reason}")  # above the bar, where there is one
         self._reason = reason
-        text = f"{job.progress.done}/{job.progress.total} trials, {job.status}"
-        if self._bar is not None and self._task is not None:
-            self._bar.update(self._task, completed=job.progress.fraction, done=text)
-            return
+
+    def _line_for(self, job: JobPublic, text: str) -> None:
         now = time.monotonic()
         status_changed = self._line is None or self._line[1] != job.status
         if (text, job.status) != self._line and (status_changed or now - self._line_at >= LINE_EVERY_S):
