@@ -107,7 +107,7 @@ def test_reads_need_no_token(anonymous: httpx.Client) -> None:
         ({"shape": SHAPE, "layers": ["qkv_fprp"]}, "layers", "did you mean qkv_fprop?"),
         ({"shape": SHAPE, "n_trial": 5}, "n_trial", "Extra inputs are not permitted"),
         ({"shape": SHAPE, "n_trials": "5"}, "n_trials", "valid integer"),
-        ({"shape": SHAPE, "backend": "tpu"}, "backend", "'cpu' or 'cuda'"),
+        ({"shape": SHAPE, "backend": "tpu"}, "backend", "'cpu', 'cuda' or 'te'"),
         ({"shape": SHAPE, "gpu": "bad\u0000name"}, "gpu", "match pattern"),
     ],
 )

@@ -29,7 +29,7 @@ from search_spaces import (
 from search_spaces.space import sm_choices
 
 H200 = DeviceLimits(sm_count=132)
-BACKENDS = ("cpu", "cuda")
+BACKENDS = ("cpu", "cuda", "te")
 TUNED = [info.slot for info in CATALOG if info.tuned]
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -69,7 +69,7 @@ def spaces(draw: st.DrawFn) -> SlotSpace:
         draw(shapes()),
         draw(st.sampled_from(TUNED)),
         backend=backend,
-        limits=draw(limits) if backend == "cuda" else None,
+        limits=draw(limits) if backend != "cpu" else None,
     )
 
 
@@ -186,7 +186,7 @@ def test_check_is_the_runtimes_rules_and_choices_for_names_the_knob_that_takes_a
 def test_te_default_is_a_config_the_runtime_accepts_and_the_space_holds(
     shape: ModelShape, slot: Slot, backend: str, device: DeviceLimits | None
 ) -> None:
-    device = device if backend == "cuda" else None
+    device = device if backend != "cpu" else None
     config = te_default(shape, slot, backend=backend, limits=device)
     space = slot_space(shape, slot, backend=backend, limits=device)
     assert accepts(space, config)

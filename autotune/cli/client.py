@@ -67,7 +67,9 @@ def submit(
     shape: ModelShape,
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,fc2_fprop)")] = "all",
     trials: Annotated[int | None, typer.Option(help="Trials per slot (controller default: 30)")] = None,
-    backend: Annotated[str | None, typer.Option(help="cpu | cuda (controller default)")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="cpu | cuda | te (measured through TransformerEngine; controller default)")
+    ] = None,
     gpu: JobGpu = None,
     follow: Annotated[bool, typer.Option("--follow", help="Then show progress until the job ends")] = False,
     controller: Controller = DEFAULT_CONTROLLER,
