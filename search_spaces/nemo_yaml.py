@@ -13,11 +13,12 @@ Notes become comments; they are not read back.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Hashable
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import yaml
 
@@ -92,14 +93,14 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
 def _with_header_dtype(
     text: str, shape: ModelShape | None, dtype: str | None, name: str | None
 ) -> tuple[ModelShape | None, str | None]:
-    """The name's dtype, else the header's (the shape made to match); a warning where the two disagree."""
+    """The name's dtype, else the header's for the shape; a warning where the two disagree."""
     match = HEADER_DTYPE.search(text)
     said = match["dtype"].lower() if match else None
     if said is None or said == dtype:
         return shape, dtype
     if dtype is not None:
         warnings.warn(
-            f"{name}: the header says {said.upper()} but the file name says {dtype}; the file name's is used",
+            f"{name}: the header says {said.upper()} but the file name says {dtype}; the file name is used",
             PresetWarning,
             stacklevel=3,
         )
@@ -138,6 +139,14 @@ def preset_file_name(preset: Preset) -> str:
     return "_".join(parts) + ".yaml"
 
 
+def te_file_name(preset: Preset) -> str:
+    """The TE dict's (JSON's) file name: NVIDIA's, ending in .json, and naming the dtype even where the preset's
+    own name did not (its header said it, `_with_header_dtype`): a TE dict has no header to carry it."""
+    if preset.dtype is None and preset.shape is not None:
+        preset = dataclasses.replace(preset, dtype=preset.shape.dtype)
+    return PurePath(preset_file_name(preset)).with_suffix(".json").name
+
+
 def write_nemo(preset: Preset) -> str:
     """NeMo/Megatron YAML for ``preset``, laid out like NVIDIA's files; notes as comments."""
     lines = ["# UB communicator configurations", f"# Model configs: {_model_line(preset)}"]
@@ -174,7 +183,7 @@ def _model_line(preset: Preset) -> str:
         f"CP{s.cp}" if s.cp > 1 else "",
         f"MBS{s.mbs}",
         f"SeqLen{seq}",
-        (preset.dtype or "").upper(),
+        (preset.dtype or "").upper(),  # only a known one: the header is read back (`_with_header_dtype`)
     ]
     return "/".join(p for p in parts if p)
 
