@@ -105,6 +105,14 @@ class SlotOutcome:
         )
 
 
+def te_exact_columns(outcome: SlotOutcome) -> dict[str, dict[str, Any] | None]:
+    """The TE-exact winner as `storage.upsert_best` takes it (``te_exact_config``, ``te_exact_measurement``)."""
+    return {
+        "te_exact_config": _optional(outcome.te_exact),
+        "te_exact_measurement": _optional(outcome.te_exact_measurement),
+    }
+
+
 def _saved(before_ms: float, after_ms: float) -> float:
     return (before_ms - after_ms) / before_ms if before_ms > 0 else 0.0
 

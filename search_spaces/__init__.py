@@ -8,6 +8,7 @@ from search_spaces.catalog import CATALOG, SlotInfo, off_switch, search_methods,
 from search_spaces.defaults import as_runnable, te_default
 from search_spaces.export import SlotResult, preset_from_results
 from search_spaces.nemo_yaml import parse_file_name, parse_nemo, preset_file_name, read_nemo, write_nemo
+from search_spaces.ours import OursPreset, OursSlot, load_ours, ours_file_name, write_ours
 from search_spaces.presets import Preset, PresetError, PresetWarning
 from search_spaces.registry import PresetRegistry, distance, nearest, nvidia_presets
 from search_spaces.space import Param, SlotSpace, slot_space
@@ -17,6 +18,8 @@ __all__ = [
     "CATALOG",
     "TE_KEYS",
     "ModelShape",
+    "OursPreset",
+    "OursSlot",
     "Param",
     "Preset",
     "PresetError",
@@ -28,9 +31,11 @@ __all__ = [
     "SlotSpace",
     "as_runnable",
     "distance",
+    "load_ours",
     "nearest",
     "nvidia_presets",
     "off_switch",
+    "ours_file_name",
     "parse_file_name",
     "parse_nemo",
     "preset_file_name",
@@ -45,4 +50,5 @@ __all__ = [
     "to_te_dict",
     "tunable_slots",
     "write_nemo",
+    "write_ours",
 ]

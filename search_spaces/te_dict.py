@@ -210,7 +210,8 @@ MEASURED_NUMBERS = ("overlap_ms", "serial_ms", "gemm_ms", "comm_ms", "exposed_ms
 """What an export says of a measurement: the times and the spread, not the raw repeats."""
 
 
-def measured_numbers(measurement: Measurement) -> dict[str, Any]:
-    """The `MEASURED_NUMBERS` of ``measurement`` (None for a time that is not finite)."""
-    full = measurement.to_dict()
-    return {name: full[name] for name in MEASURED_NUMBERS}
+def measured_numbers(measurement: Measurement | Mapping[str, Any]) -> dict[str, Any]:
+    """The `MEASURED_NUMBERS` of ``measurement`` or of its `Measurement.to_dict()` (None for a number that is
+    not finite or not there)."""
+    full = measurement.to_dict() if isinstance(measurement, Measurement) else measurement
+    return {name: full.get(name) for name in MEASURED_NUMBERS}

@@ -1,9 +1,11 @@
 """``GET /v1/presets``: the winning configs as a file TE users already know how to load.
 
 ``format=nemo`` (the default) is the NeMo/Megatron userbuffers YAML, named as NVIDIA names its files;
-``format=te`` is the ``initialize_ub(ub_cfgs=...)`` dict as JSON.  When nothing was measured for the shape,
-the nearest known preset is returned instead and says so: an ``X-Autotune-Measured: false`` header, a
-comment at the top of the YAML, ``measured: false`` in the JSON.
+``format=te`` is the ``initialize_ub(ub_cfgs=...)`` dict as JSON.  Both carry each slot's TE-exact winner
+(docs/export.md).  When nothing was measured for the shape, the nearest known preset is returned instead and
+says so: an ``X-Autotune-Measured: false`` header, a comment at the top of the YAML, ``measured: false`` in
+the JSON.  ``format=ours`` is each slot's overall winner on our runtime in our own YAML
+(`search_spaces.ours`); it exists only for measured shapes (404 otherwise).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import enum
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from api.deps import RegistryDep, SessionDep
-from api.lookup import ShapeQueryDep, measured_groups, measured_preset, nearest, one_group
-from api.schemas import ErrorPublic, NearestPublic
-from search_spaces import Preset, preset_file_name, preset_json, write_nemo
+from api.errors import error
+from api.lookup import ShapeQueryDep, measured_groups, measured_ours, measured_preset, nearest, one_group
+from api.schemas import BestGroup, ErrorPublic, NearestPublic
+from search_spaces import Preset, ours_file_name, preset_file_name, preset_json, write_nemo, write_ours
 
 router = APIRouter(prefix="/v1", tags=["presets"])
 
@@ -27,6 +30,7 @@ YAML_MEDIA_TYPE = "application/yaml"
 class Format(enum.StrEnum):
     NEMO = "nemo"
     TE = "te"
+    OURS = "ours"
 
 
 _CONTENT = {
@@ -44,10 +48,14 @@ def get_preset(
     query: ShapeQueryDep,
     session: SessionDep,
     registry: RegistryDep,
-    format: Annotated[Format, Query(description="nemo: NeMo/Megatron YAML; te: TE ub_cfgs as JSON")] = Format.NEMO,
+    format: Annotated[
+        Format, Query(description="nemo: NeMo/Megatron YAML; te: TE ub_cfgs as JSON; ours: our runtime's winners")
+    ] = Format.NEMO,
 ) -> Response:
     """The preset for a shape: measured winners under the export rule, else the nearest known preset (marked)."""
     groups = measured_groups(session=session, query=query)
+    if format == Format.OURS:
+        return _ours(groups)
     described: NearestPublic | None = None
     if groups:
         preset = measured_preset(one_group(groups))
@@ -60,6 +68,17 @@ def get_preset(
         return Response(json.dumps(body, indent=2) + "\n", media_type="application/json", headers=headers)
     headers["Content-Disposition"] = f'attachment; filename="{_file_name(preset, described)}"'
     return Response(_yaml(preset, described), media_type=YAML_MEDIA_TYPE, headers=headers)
+
+
+def _ours(groups: list[BestGroup]) -> Response:
+    """Each slot's overall winner in our own format; 404 naming the format when nothing was measured."""
+    if not groups:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, detail=[error("format", "ours: nothing was tuned for this shape", "ours")]
+        )
+    ours = measured_ours(one_group(groups))
+    headers = {"X-Autotune-Measured": "true", "Content-Disposition": f'attachment; filename="{ours_file_name(ours)}"'}
+    return Response(write_ours(ours), media_type=YAML_MEDIA_TYPE, headers=headers)
 
 
 def _file_name(preset: Preset, described: NearestPublic | None) -> str:

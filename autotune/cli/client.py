@@ -153,17 +153,18 @@ def best(
         Console().print(table)
         return
     for group in answer.results:
-        table = Table(
-            "slot", "best config", "overlap ms", "serial ms", "hidden", title=f"{group.gpu} {group.shape_key}"
-        )
+        columns = ("slot", "best config", "overlap ms", "serial ms", "hidden", "TE-exact config", "TE-exact ms")
+        table = Table(*columns, title=f"{group.gpu} {group.shape_key}")
         for layer in group.layers:
-            m = layer.measurement or {}
+            m, exact = layer.measurement or {}, layer.te_exact
             table.add_row(
                 layer.slot,
                 _config_text(layer.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
                 f"{m['hidden_frac']:.0%}" if m.get("hidden_frac") is not None else "-",
+                "none measured" if exact is None else _config_text(exact.config),
+                "-" if exact is None else _ms(exact.measurement.get("overlap_ms")),
             )
         Console().print(table)
 
@@ -172,19 +173,21 @@ def best(
 def export(
     shape: dict[str, object],
     gpu: Gpu = None,
-    format: Annotated[str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON)")] = "nemo",
+    format: Annotated[
+        str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON): TE-exact winners | ours (our runtime's)")
+    ] = "nemo",
     out: Annotated[Path, typer.Option(help="File to write, or a folder for NVIDIA's file name")] = Path("."),
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
 ) -> None:
-    """Write the shape's preset file (NeMo/Megatron YAML by default) and print its path."""
+    """Write the shape's preset file (NeMo/Megatron YAML of the TE-exact winners by default) and print its path."""
     with _client(controller, token) as client:
         preset = client.preset(shape, gpu=gpu, format=format)
     if not preset.measured:
         typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
     if out.is_dir():
         name = preset.file_name or "preset.yaml"
-        out = out / (name if format == "nemo" else Path(name).with_suffix(".json").name)
+        out = out / (Path(name).with_suffix(".json").name if format == "te" else name)
     out.write_text(preset.text, encoding="utf-8")
     typer.echo(str(out))
 
