@@ -75,7 +75,7 @@ def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> Non
         valid = [m["overlap_ms"] for _, m in measured_pairs(holders[0]) if m["valid"]]
         assert layer.measurement["overlap_ms"] == min(valid)
         slot_view = next(s for s in job.slots if s.slot == layer.slot)
-        assert slot_view.best.final and slot_view.best.config.model_dump() == layer.config
+        assert slot_view.best.final and slot_view.best.config == layer.config
         assert slot_view.best.trial_id == holders[0].id
         exact = layer.te_exact
         assert exact is not None, f"{layer.slot}: no TE-exact winner"
