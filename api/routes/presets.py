@@ -34,7 +34,11 @@ class Format(enum.StrEnum):
 
 
 _CONTENT = {
-    YAML_MEDIA_TYPE: {"schema": {"description": "NeMo/Megatron ub_cfg YAML: TE slot name -> ub_cfgs entry"}},
+    YAML_MEDIA_TYPE: {
+        "schema": {
+            "description": "NeMo/Megatron ub_cfg YAML (TE slot name -> ub_cfgs entry), or format=ours: our own YAML"
+        }
+    },
     "application/json": {"schema": {"type": "object"}},
 }
 
@@ -42,7 +46,11 @@ _CONTENT = {
 @router.get(
     "/presets",
     response_class=Response,
-    responses={200: {"content": _CONTENT, "description": "The preset file"}, 422: {"model": ErrorPublic}},
+    responses={
+        200: {"content": _CONTENT, "description": "The preset file"},
+        404: {"model": ErrorPublic, "description": "format=ours for a shape never tuned"},
+        422: {"model": ErrorPublic},
+    },
 )
 def get_preset(
     query: ShapeQueryDep,
