@@ -63,12 +63,14 @@ LOCAL_EVERY = 3
 LOCAL_AFTER = 8
 """Configs known before the first local move: the baselines plus TPE's start-up."""
 TE_EXACT_SHARE = 0.4
-"""The least share of a study's configs that are TE-exact.  The TE-exact subspace is a fifth to a third of
-a CUDA space (25 of 118 configs for an all-gather slot at tp 2, 129 of 604 for qkv_dgrad at tp 4), and TPE,
-drawn to the Triton GEMM, copy-engine bulk and one-stream rings where our runtime is faster, visits it less
-than that.  Four in ten of the default 30 trials is 12: the TE-exact baselines (TE's default, NVIDIA's
-preset), TPE's start-up of 5 and about 5 model-guided or local TE-exact configs, about what the whole
-search needs to settle on a space that size (bench/search_efficiency.py)."""
+"""The least share of a study's configs that are TE-exact.  The TE-exact subspace is an eighth to a third of
+a CUDA space (H200, h8192: 25 of 118 configs for qkv_fprop at tp 2, 41 of 318 at tp 8, 40 of 127 for a bulk
+wgrad slot, 129 of 604 for qkv_dgrad at tp 8), and TPE, drawn to the Triton GEMM, copy-engine bulk and
+one-stream rings where our runtime is faster, visits it less than that: on proj_fprop at h8192 tp 2 with
+every other config 0.15 ms faster (tests/test_sampler.py), 6 of 30 configs were TE-exact without the
+reserve and the best of them 3% off the TE-exact optimum; with it, 12 of 30 and the optimum.  Four in ten
+of the default 30 trials is 12: the TE-exact baselines (TE's default, NVIDIA's preset), the TE model's
+start-up of `TPE_STARTUP` and about five model-guided or local ones."""
 FIXED_PARAMS = "fixed_params"
 """The system attr where Optuna keeps an enqueued trial's params until the trial is asked."""
 
@@ -320,7 +322,9 @@ class SlotSampler(BaseSampler):
         their own whose distributions are the TE-exact choices, so the model neither learns from nor
         proposes knob values TE does not run."""
         if self._te_study is None:
-            self._te_study = optuna.create_study(storage=InMemoryStorage(), direction="minimize")
+            self._te_study = optuna.create_study(
+                storage=InMemoryStorage(), direction="minimize", sampler=RandomSampler()
+            )  # never asked: the sampler only keeps Optuna from building a TPE of its own
         for config, finished in done:
             if finished.number in self._te_told:
                 continue

@@ -1,8 +1,8 @@
 """The TE-exact part of a slot's space, as the sampler walks it: the configs TE runs exactly as measured.
 
 `search_spaces.te_exact.is_te_exact` says which configs of a space TE runs as our runtime measured them
-(cuBLAS, TE's stream count, SM-kernel bulk, ``num_sm`` <= 32, TE's methods).  They are a fifth to a third of
-a CUDA space and not a box in it: ``use_ce`` is TE-exact for ring_exchange but not for bulk, the stream
+(cuBLAS, TE's stream count, SM-kernel bulk, ``num_sm`` <= 32, TE's methods).  They are an eighth to a third
+of a CUDA space and not a box in it: ``use_ce`` is TE-exact for ring_exchange but not for bulk, the stream
 count TE fixes depends on ``aggregate``.  So `TeSubspace` keeps the walks (params) of every TE-exact config
 and narrows each knob's choices, at each step of a walk, to those that still lead to one of them: any
 ``choose`` that picks among the offered choices ends inside the subspace.
