@@ -13,9 +13,10 @@
    finished trial holding the known result (Optuna's recipe for duplicates, so TPE learns from it), and TPE
    asks again, `MAX_DUPLICATES` times, before a local move (or a random untried config) is taken instead;
 4. but while fewer than `TE_EXACT_SHARE` of the configs tried are TE-exact (`autotune.te_subspace`), the turn
-   that would be TPE's goes to the TE-exact subspace instead: a second TPE, over the TE-exact trials alone
-   and walking only TE-exact choices (random for its first `TPE_STARTUP`), a local move around the best
-   TE-exact config every `LOCAL_EVERY`-th time, or a random untried TE-exact config.  Each slot keeps two
+   that would be TPE's goes to the TE-exact subspace instead: the TE twin of a leader (the TE-exact config
+   nearest to the best config of one of the `TOP_K` fastest families), else every other time a local move
+   around the best TE-exact configs, else a second TPE over the TE-exact trials alone, walking only
+   TE-exact choices (random for its first `TPE_STARTUP`), or a random untried TE-exact config.  Each slot keeps two
    winners (the overall one, and the best config TE runs exactly as measured, which the TE exports carry);
    the reserve makes the second one tuned, not a by-product of a search drawn to our runtime's own knobs.
 
@@ -65,12 +66,12 @@ LOCAL_AFTER = 8
 TE_EXACT_SHARE = 0.4
 """The least share of a study's configs that are TE-exact.  The TE-exact subspace is an eighth to a third of
 a CUDA space (H200, h8192: 25 of 118 configs for qkv_fprop at tp 2, 41 of 318 at tp 8, 40 of 127 for a bulk
-wgrad slot, 129 of 604 for qkv_dgrad at tp 8), and TPE, drawn to the Triton GEMM, copy-engine bulk and
-one-stream rings where our runtime is faster, visits it less than that: on proj_fprop at h8192 tp 2 with
-every other config 0.15 ms faster (tests/test_sampler.py), 6 of 30 configs were TE-exact without the
-reserve and the best of them 3% off the TE-exact optimum; with it, 12 of 30 and the optimum.  Four in ten
-of the default 30 trials is 12: the TE-exact baselines (TE's default, NVIDIA's preset), the TE model's
-start-up of `TPE_STARTUP` and about five model-guided or local ones."""
+wgrad slot, 129 of 604 for qkv_dgrad at tp 8), and TPE, drawn to the Triton GEMM, the fused ring, copy-engine
+bulk and one-stream rings where our runtime is faster, visits it less than that: replaying the six recorded
+H200 landscapes (10 seeds, default budget), the best TE-exact config the search alone finds is 16% off the
+TE-exact optimum on average (50% on h4096 proj_fprop); with this reserve but no twins 7.9%, with the twins
+1.8%.  Four in ten of the default 30 trials is 12: the TE-exact baselines (TE's default, NVIDIA's preset),
+the twins of the leaders, the TE model's start-up and a few model-guided or local ones."""
 FIXED_PARAMS = "fixed_params"
 """The system attr where Optuna keeps an enqueued trial's params until the trial is asked."""
 
@@ -199,24 +200,28 @@ class SlotSampler(BaseSampler):
         the rhythm)."""
         return len(tried) >= LOCAL_AFTER and len(tried) % LOCAL_EVERY == 0
 
-    def _local_move(self, tried: Tried) -> OverlapConfig | None:
+    def _local_move(
+        self, tried: Tried, *, within: TeSubspace | None = None, turn: int | None = None
+    ) -> OverlapConfig | None:
         """An untried config one knob away from the best config of one of the `TOP_K` fastest families so far
-        (`autotune.neighbours.family`), taken in turn; None if none is left.
+        (`autotune.neighbours.family`), taken in turn (``turn``, by default the local turns so far); None if
+        none is left.  ``within``: only the configs of that subspace count, as leaders and as moves.
 
         Polishing only the overall best never leaves its family: on h5120 s2048 proj_fprop (H200 landscape)
         the fused ring led at 1.09x the optimum, and the optimum, a copy-engine ring on cuBLAS with one
         stream, sat one knob away from the copy-engine ring on our GEMM (1.24x) that no move started from."""
         leaders: dict[tuple, OverlapConfig] = {}
         for config in tried.ranked():
-            leaders.setdefault(family(config), config)
+            if within is None or config in within:
+                leaders.setdefault(family(config), config)
             if len(leaders) == TOP_K:
                 break
         if not leaders:
             return None
         ordered = list(leaders.values())
-        start = (len(tried) // LOCAL_EVERY) % len(ordered)
+        start = (len(tried) // LOCAL_EVERY if turn is None else turn) % len(ordered)
         for config in ordered[start:] + ordered[:start]:
-            untried = [c for c in neighbours(self.space, config) if c not in tried]
+            untried = [c for c in neighbours(self.space, config) if c not in tried and (within is None or c in within)]
             if untried:
                 return self._rng.choice(untried)
         return None
@@ -284,13 +289,18 @@ class SlotSampler(BaseSampler):
         return sum(config in self._te for config in tried.trials)
 
     def _te_proposal(self, trial: FrozenTrial, tried: Tried) -> OverlapConfig | None:
-        """An untried TE-exact config: a local move around the best TE-exact configs every `LOCAL_EVERY`-th
-        time, else the TE-exact model's (random for its start-up), asked `MAX_DUPLICATES` times, then a local
-        move or a random untried one; None when every TE-exact config is known."""
+        """An untried TE-exact config: every other time after the TE-exact start-up (`TPE_STARTUP` configs), a
+        local move around the best TE-exact config of one of the `TOP_K` fastest families, taken in turn; else
+        the TE-exact model's (random for its start-up), asked `MAX_DUPLICATES` times, then a local move or a
+        random untried one; None when every TE-exact config is known.  More local moves than the overall
+        search makes: the TE-exact search has fewer trials to find its optimum with."""
         done = [(c, t) for c, t in tried.trials.items() if c in self._te and t.state == TrialState.COMPLETE]
         count = self._te_count(tried)
-        if count >= LOCAL_AFTER and count % LOCAL_EVERY == 0:
-            move = self._te_local_move(done, tried)
+        twin = self._te_twin(tried)
+        if twin is not None:
+            return twin
+        if count >= TPE_STARTUP and count % 2 == 0:
+            move = self._local_move(tried, within=self._te, turn=count // 2)
             if move is not None:
                 return move
         model = self._te_model(done, trial) if len(done) >= TPE_STARTUP else dict
@@ -304,15 +314,20 @@ class SlotSampler(BaseSampler):
         untried = [c for c in self._te.configs if c not in tried]
         if not untried:
             return None
-        return self._te_local_move(done, tried) or self._rng.choice(untried)
+        return self._local_move(tried, within=self._te, turn=count) or self._rng.choice(untried)
 
-    def _te_local_move(self, done: Sequence[tuple[OverlapConfig, FrozenTrial]], tried: Tried) -> OverlapConfig | None:
-        """An untried TE-exact config one knob away from one of the `TOP_K` fastest TE-exact configs."""
-        ranked = sorted(done, key=lambda ct: (ct[1].value, ct[1].number))[:TOP_K]
-        for config, _ in ranked:
-            untried = [c for c in neighbours(self.space, config) if c in self._te and c not in tried]
-            if untried:
-                return self._rng.choice(untried)
+    def _te_twin(self, tried: Tried) -> OverlapConfig | None:
+        """The untried TE twin (`TeSubspace.twin`: the TE-exact config nearest to it) of the best config of one
+        of the `TOP_K` fastest families so far; None when each has none or it is known."""
+        leaders: dict[tuple, OverlapConfig] = {}
+        for config in tried.ranked():
+            leaders.setdefault(family(config), config)
+            if len(leaders) == TOP_K:
+                break
+        for leader in leaders.values():
+            twin = self._te.twin(leader)
+            if twin is not None and twin not in tried:
+                return twin
         return None
 
     def _te_model(

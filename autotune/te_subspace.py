@@ -17,7 +17,7 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from autotune.params import distributions, params_of, walk
-from overlap_runtime.config import OverlapConfig
+from overlap_runtime.config import DEFAULTS, OverlapConfig
 from search_spaces.space import SlotSpace
 from search_spaces.te_exact import is_te_exact
 
@@ -53,6 +53,15 @@ class TeSubspace:
             for name, d in full.items()
             if taken[name]
         }
+
+    def twin(self, config: OverlapConfig) -> OverlapConfig | None:
+        """The TE-exact config of the same method that differs from ``config`` in the fewest knobs (the first
+        in grid order on a tie); ``config`` itself when it is TE-exact, None when no TE-exact config has its
+        method.  What TE would run for a config of our runtime, measured as TE runs it."""
+        same = [c for c in self.configs if c.method == config.method]
+        if not same:
+            return None
+        return min(same, key=lambda c: sum(getattr(c, k) != getattr(config, k) for k in DEFAULTS))
 
     def walk(self, choose: Callable[[str, tuple], Any]) -> OverlapConfig:
         """The config ``choose`` picks when offered, for the method and then each knob the tree asks, only the
