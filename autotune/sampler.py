@@ -210,15 +210,9 @@ class SlotSampler(BaseSampler):
         Polishing only the overall best never leaves its family: on h5120 s2048 proj_fprop (H200 landscape)
         the fused ring led at 1.09x the optimum, and the optimum, a copy-engine ring on cuBLAS with one
         stream, sat one knob away from the copy-engine ring on our GEMM (1.24x) that no move started from."""
-        leaders: dict[tuple, OverlapConfig] = {}
-        for config in tried.ranked():
-            if within is None or config in within:
-                leaders.setdefault(family(config), config)
-            if len(leaders) == TOP_K:
-                break
-        if not leaders:
+        ordered = _leaders(tried, within=within)
+        if not ordered:
             return None
-        ordered = list(leaders.values())
         start = (len(tried) // LOCAL_EVERY if turn is None else turn) % len(ordered)
         for config in ordered[start:] + ordered[:start]:
             untried = [c for c in neighbours(self.space, config) if c not in tried and (within is None or c in within)]
@@ -319,12 +313,7 @@ class SlotSampler(BaseSampler):
     def _te_twin(self, tried: Tried) -> OverlapConfig | None:
         """The untried TE twin (`TeSubspace.twin`: the TE-exact config nearest to it) of the best config of one
         of the `TOP_K` fastest families so far; None when each has none or it is known."""
-        leaders: dict[tuple, OverlapConfig] = {}
-        for config in tried.ranked():
-            leaders.setdefault(family(config), config)
-            if len(leaders) == TOP_K:
-                break
-        for leader in leaders.values():
+        for leader in _leaders(tried):
             twin = self._te.twin(leader)
             if twin is not None and twin not in tried:
                 return twin
@@ -350,3 +339,15 @@ class SlotSampler(BaseSampler):
         study = self._te_study
         space = self._te_tpe.infer_relative_search_space(study, trial)
         return lambda: self._te_tpe.sample_relative(study, trial, space)
+
+
+def _leaders(tried: Tried, *, within: TeSubspace | None = None) -> list[OverlapConfig]:
+    """The best config of each of the `TOP_K` fastest families (`autotune.neighbours.family`) so far, fastest
+    first; ``within``: of that subspace's configs only."""
+    leaders: dict[tuple, OverlapConfig] = {}
+    for config in tried.ranked():
+        if within is None or config in within:
+            leaders.setdefault(family(config), config)
+        if len(leaders) == TOP_K:
+            break
+    return list(leaders.values())
