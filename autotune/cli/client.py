@@ -110,9 +110,9 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
     typer.echo(f"job {job.id}: {job.status} ({p.done}/{p.total} trials, {p.fraction:.0%})")
     if job.error:
         typer.echo(f"error: {job.error}")
-    table = Table("slot", "status", "trials", "best config", "overlap ms", "serial ms", "TE-exact ms", "")
+    table = Table("slot", "status", "trials", "best config", "overlap ms", "serial ms", "")
     for s in job.slots:
-        best, exact = s.best, s.te_exact
+        best = s.best
         m = best.measurement if best else {}
         table.add_row(
             s.slot,
@@ -121,7 +121,6 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
             _config_text(best.config) if best else "-",
             _ms(m.get("overlap_ms")),
             _ms(m.get("serial_ms")),
-            _ms(exact.measurement.get("overlap_ms")) if exact else "-",
             ("final" if best.final else "so far") if best else "",
         )
     Console().print(table)
