@@ -9,18 +9,24 @@ per request for what is an attribute read.
 from __future__ import annotations
 
 import secrets
+import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, Header, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
+import storage
 from api.cache import AnswerCache
+from api.metrics import Metrics
 from api.settings import Settings
 from search_spaces import PresetRegistry
 
 bearer = HTTPBearer(auto_error=False, description="The controller's token (AUTOTUNE_TOKEN)")
+worker_bearer = HTTPBearer(
+    auto_error=False, scheme_name="WorkerSecret", description="The worker's own secret, from its registration"
+)
 
 
 async def get_settings(request: Request) -> Settings:
@@ -54,11 +60,16 @@ async def get_best_cache(request: Request) -> AnswerCache:
     return request.app.state.best_cache
 
 
+async def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 SessionsDep = Annotated[sessionmaker[Session], Depends(get_sessions)]
 RegistryDep = Annotated[PresetRegistry, Depends(get_registry)]
 BestCacheDep = Annotated[AnswerCache, Depends(get_best_cache)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
 async def require_token(
@@ -73,7 +84,30 @@ async def require_token(
         rule = "bearer token does not match the controller's token"
     else:
         return
-    raise HTTPException(
+    raise _unauthorized(rule)
+
+
+def require_worker(
+    worker_id: uuid.UUID,
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(worker_bearer)],
+) -> str:
+    """The worker's id once the call carries that worker's own secret (from its registration); 401 otherwise,
+    404 for a worker the controller does not know (it registers again).
+
+    Worker ids are public (``GET /v1/workers``) and the clients' token is shared by every user, so neither
+    may speak for a worker: only the secret the controller handed to that one registration does.  A sync
+    dependency: it reads the database, which must not block the event loop.
+    """
+    if credentials is None:
+        raise _unauthorized("is required: send 'Authorization: Bearer <secret>' (the worker's registration secret)")
+    if not storage.authenticate_worker(session=session, worker_id=str(worker_id), secret=credentials.credentials):
+        raise _unauthorized(f"is not the secret worker {worker_id} got at registration")
+    return str(worker_id)
+
+
+def _unauthorized(rule: str) -> HTTPException:
+    return HTTPException(
         status_code=status.HTTP_401_UNAUTHORIZED,
         detail=[{"field": "Authorization", "rule": rule, "value": None}],
         headers={"WWW-Authenticate": "Bearer"},
@@ -81,4 +115,16 @@ async def require_token(
 
 
 Authorized = Depends(require_token)
-"""Put in a route's ``dependencies=[...]`` for writes and worker calls."""
+"""Put in a route's ``dependencies=[...]`` for writes (the clients' token)."""
+WorkerId = Annotated[str, Depends(require_worker)]
+"""A worker call's worker id, authenticated by that worker's secret."""
+LeaseNonce = Annotated[
+    str,
+    Header(
+        alias="X-Lease-Nonce",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="The lease nonce of the claim (`lease_nonce`): only the holder of this very lease reports on it",
+    ),
+]

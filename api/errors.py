@@ -3,12 +3,13 @@
 `STATUS` is the one place an exception becomes an HTTP status (docs/rest.md, Errors).  Bad input is a 4xx
 that names the field and the rule it broke, never a 5xx: pydantic's validation errors and our `InputError`
 become 422, storage's `NotFound` 404, `LeaseLost` and `Conflict` 409.  Only a database that fails
-(`StorageError`) is a 5xx: 503, since retrying later is the right reaction.
+(`StorageError`) is a 5xx: 503 with ``Retry-After``, since retrying later is the right reaction; its body
+says what failed in public words, never the server's address.
 """
 
 from __future__ import annotations
 
-import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,9 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from overlap_runtime.errors import InputError, LeaseLost
-from storage import Conflict, NotFound, StorageError
-
-log = logging.getLogger(__name__)
+from storage import Conflict, NotFound, StorageError, public_reason
 
 MAX_VALUE_CHARS = 200
 """Echo at most this much of a bad value back: enough to recognise it, not a copy of a huge body."""
@@ -31,16 +30,31 @@ HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def error(field: str, rule: str, value: Any = None) -> dict[str, Any]:
-    return {"field": field, "rule": rule, "value": _echo(value)}
+    return {"field": json_safe(field), "rule": json_safe(rule), "value": _echo(value)}
 
 
 def _echo(value: Any) -> Any:
     try:
-        encoded = jsonable_encoder(value)
+        encoded = json_safe(jsonable_encoder(value))
     except Exception:
-        encoded = repr(value)
+        encoded = json_safe(repr(value))
     text = str(encoded)
     return encoded if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "..."
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as strict JSON can carry it: a non-finite float becomes the text JSON5 writes (``NaN``,
+    ``Infinity``), a lone surrogate its ``\\udXXX`` escape.  The bad value being echoed is often exactly such
+    a thing (a body sent ``NaN``), and a handler that cannot encode its own answer is a 500."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _respond(code: int, items: list[dict[str, Any]], headers: dict[str, str] | None = None) -> JSONResponse:
@@ -57,9 +71,11 @@ def _validation_items(_request: Request, exc: RequestValidationError) -> list[di
     return items
 
 
-def _database_items(_request: Request, exc: StorageError) -> list[dict[str, Any]]:
-    log.error("database error: %s", exc)
-    return [error("database", f"is unavailable: {exc}")]
+def _database_items(request: Request, exc: StorageError) -> list[dict[str, Any]]:
+    """The public reason only (`storage.public_reason`: no host, port or statement); the whole message goes
+    to the log, once per while however many requests fail alike (`api.logs`)."""
+    request.app.state.outage_log.warning("database", "requests fail, the database is unavailable: %s", exc)
+    return [error("database", f"is unavailable ({public_reason(exc)}); retry later")]
 
 
 ItemsOf = Callable[[Request, Any], list[dict[str, Any]]]
@@ -76,12 +92,18 @@ STATUS: dict[type[Exception], tuple[int, ItemsOf]] = {
 raised exception's MRO decides, as Starlette picks handlers (so `NotFound` wins over `StorageError`)."""
 
 
+RETRY_AFTER_S = 5
+"""What a 503 asks the caller to wait: a database that failed is usually back within seconds."""
+
+
 async def _answer(request: Request, exc: Exception) -> JSONResponse:
     code, items = next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
-    return _respond(code, items(request, exc))
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if code == status.HTTP_503_SERVICE_UNAVAILABLE else None
+    return _respond(code, items(request, exc), headers=headers)
 
 
-async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)  # registered for HTTPException only (Starlette types handlers by Exception)
     if isinstance(exc.detail, list):
         items = exc.detail
     elif exc.status_code == status.HTTP_404_NOT_FOUND:
@@ -92,7 +114,7 @@ async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         return _respond(exc.status_code, items, headers={"Allow": ", ".join(allowed)})
     else:
         items = [error("request", str(exc.detail))]
-    return _respond(exc.status_code, items, headers=exc.headers)
+    return _respond(exc.status_code, items, headers=dict(exc.headers) if exc.headers else None)
 
 
 def _allowed_methods(request: Request) -> list[str]:

@@ -9,6 +9,9 @@ controller processes may share one database.  ``uvicorn --factory api.main:app_f
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +21,10 @@ from fastapi import FastAPI
 import storage
 from api import errors
 from api.cache import AnswerCache
-from api.routes import best, dashboard, health, jobs, presets, workers
+from api.events import JobFeed
+from api.logs import RateLimitedLog
+from api.metrics import RequestMetrics, create_metrics
+from api.routes import best, dashboard, docs, health, jobs, metrics, presets, workers
 from api.scheduler import SchedulerThread
 from api.schemas import ErrorPublic
 from api.settings import Settings
@@ -32,7 +38,8 @@ COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 API_DESCRIPTION = """Measures TransformerEngine TP comm-GEMM overlap configs on your GPUs and returns the winners.
 
-Writes and worker calls need `Authorization: Bearer <token>` (the controller's `AUTOTUNE_TOKEN`).
+Writes need `Authorization: Bearer <token>` (the controller's `AUTOTUNE_TOKEN`); a worker's own calls send
+the secret its registration returned instead, and a lease's calls its `X-Lease-Nonce`.
 Every 4xx answers `{"detail": [{"field", "rule", "value"}]}`."""
 
 
@@ -58,9 +65,13 @@ def create_app(settings: Settings) -> FastAPI:
             )
             loop.start()
         app.state.scheduler = loop
+        feed = asyncio.create_task(app.state.job_feed.run(), name="job feed")
         try:
             yield
         finally:
+            feed.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feed
             if loop is not None:
                 loop.stop()
             scheduler_engine.dispose()
@@ -71,16 +82,28 @@ def create_app(settings: Settings) -> FastAPI:
         description=API_DESCRIPTION,
         version="1",
         lifespan=lifespan,
+        docs_url=None,  # api.routes.docs serves both pages with self-hosted assets
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = storage.session_factory(engine=engine)
     app.state.registry = PresetRegistry.with_nvidia()
     app.state.best_cache = AnswerCache(ttl_s=settings.best_cache_s)
+    # One rate-limited log of the process's database failures: requests, event polls and /healthz (api.logs).
+    app.state.outage_log = RateLimitedLog(logging.getLogger("api"))
+    app.state.job_feed = JobFeed(
+        sessions=app.state.sessions, max_streams=settings.max_streams, outages=app.state.outage_log
+    )
     app.state.scheduler = None  # the `SchedulerThread` while the app runs one: /healthz says whether it leads
+    app.state.metrics = create_metrics(sessions=app.state.sessions)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     errors.install(app)
-    for module in (jobs, best, presets, workers, health, dashboard):
+    for module in (jobs, best, presets, workers, health, metrics, dashboard):
         app.include_router(module.router, responses=COMMON_RESPONSES)
+    app.mount("/static", dashboard.static_files(), name="static")
+    app.include_router(docs.router)
+    docs.mount_assets(app)
     return app
 
 

@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import optuna
 from sqlalchemy import Engine
@@ -44,9 +45,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 import storage
+from api.fit import can_run
 from api.leadership import Leadership
+from api.logs import RateLimitedLog
 from api.trial_rows import fastest, measurements_of, proposal_of
-from autotune.gpu import CPU, gpu_matches
+from autotune.gpu import CPU, model_of, results_gpu
 from autotune.outcome import te_exact_columns
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
@@ -54,7 +57,7 @@ from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
-from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialPurpose, TrialState, WorkerStatus
+from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialPurpose, TrialState
 from storage.warm_start import neighbour_winners
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,8 @@ class Scheduler:
         """The leadership term `_slots` belong to."""
         self._slots: dict[int, _Slot] = {}
         self._errors: Counter[str] = Counter()
+        self.outages = RateLimitedLog(log)
+        """Failures that repeat every pass while the database is down are logged once per while (api.logs)."""
 
     @property
     def leading(self) -> bool:
@@ -169,7 +174,7 @@ class Scheduler:
             log.warning("job %s failed: %s", job.id, e)
             self._fail(session, job, str(e))
         except TRANSIENT as e:
-            log.warning("job %s: database error, retrying next pass: %s", job.id, e)
+            self.outages.warning("job", "job %s: database error, retrying next pass: %s", job.id, e)
             session.rollback()
             self._forget(job)
         except Exception as e:
@@ -203,7 +208,7 @@ class Scheduler:
             storage.update_layer_study(session=session, study_id=study.id, status=JobStatus.RUNNING)
         busy |= set(names.values())
         # A job that named its GPU now carries the model's full name, which worker claims match exactly.
-        resolved = None if job.gpu is None else gpu
+        resolved = None if job.gpu is None else model_of(gpu)
         storage.set_job_status(session=session, job_id=job.id, status=JobStatus.RUNNING, gpu=resolved)
         log.info("job %s started on %s (%d slots)", job.id, gpu, len(names))
 
@@ -215,21 +220,14 @@ class Scheduler:
         }
 
     def _gpu_for(self, *, session: Session, job: Job) -> str | None:
-        """The GPU model the job's results are keyed by: "cpu", or the model of a worker that can run it and
-        that the job's ``gpu`` selects (`gpu_matches`: "h200" selects "NVIDIA H200"); None while there is none,
-        so a cuda job waits for its first worker."""
+        """The GPU name the job's results are keyed by: "cpu", or the model of a worker that can run it and
+        that the job's ``gpu`` selects (`gpu_matches`: "h200" selects "NVIDIA H200"), marked on te
+        (`results_gpu`); None while there is none, so a GPU job waits for its first worker.  A te job needs a
+        te worker whose inventory reports TransformerEngine (``te_version``)."""
         if job.backend == Backend.CPU:
             return CPU
-        capable = [
-            w.gpu_model
-            for w in storage.list_workers(session=session)
-            if w.status != WorkerStatus.LOST
-            and w.backend == Backend.CUDA
-            and w.n_gpus >= job.tp
-            and w.gpu_model is not None
-            and (job.gpu is None or gpu_matches(w.gpu_model, job.gpu))
-        ]
-        return Counter(capable).most_common(1)[0][0] if capable else None
+        capable = [w.gpu_model for w in storage.list_workers(session=session) if can_run(w, job)]
+        return results_gpu(Counter(capable).most_common(1)[0][0], job.backend.value) if capable else None
 
     def _drive(self, session: Session, job: Job) -> None:
         """Tell, record, ask for every active slot of a running job; end the job once every slot is decided."""
@@ -372,16 +370,24 @@ class SchedulerThread:
         while not self._stop.is_set():
             try:
                 self.scheduler.tick()
-            except Exception:  # the loop must outlive a database outage; the next pass retries
-                log.exception("scheduler pass failed")
+            except TRANSIENT as e:  # the loop must outlive a database outage; the next pass retries
+                self.scheduler.outages.warning("pass", "scheduler pass failed, retrying: %s", _cause(e))
+                storage.reclaim(engine=self.scheduler.engine)  # a full disk gets the WAL's space back
+            except Exception:
+                self.scheduler.outages.warning("bug", "scheduler pass failed", traceback=True)
             self._stop.wait(self.interval_s)
+
+
+def _cause(error: BaseException) -> str:
+    """The driver's message of a SQLAlchemy error without SQLAlchemy's statement and background link."""
+    return f"{type(error).__name__}: {getattr(error, 'orig', None) or error}"
 
 
 def _optuna_storage(engine: Engine) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on our database: SQLite waits for the write lock as our engine does."""
     url = engine.url.render_as_string(hide_password=False)
     if engine.dialect.name == "sqlite":
-        kwargs = {"connect_args": {"timeout": storage.engine.SQLITE_BUSY_TIMEOUT_MS / 1000}}
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": storage.engine.SQLITE_BUSY_TIMEOUT_MS / 1000}}
     else:
         kwargs = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
@@ -441,11 +447,12 @@ def _limits(*, session: Session, gpu: str) -> DeviceLimits | None:
     """The SM count of ``gpu`` as its workers reported it (lost ones too: a model's SM count does not change)."""
     if gpu == CPU:
         return None
+    model = model_of(gpu)
     counts = [
         g["sm_count"]
         for w in storage.list_workers(session=session)
-        if w.gpu_model == gpu
+        if w.gpu_model == model
         for g in w.gpus
-        if g.get("name") == gpu and g.get("sm_count")
+        if g.get("name") == model and g.get("sm_count")
     ]
     return DeviceLimits(sm_count=min(counts)) if counts else None

@@ -14,7 +14,7 @@ from datetime import datetime
 from types import NoneType
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from autotune.outcome import SlotOutcome
 from autotune.proposal import Proposal, Purpose
@@ -26,7 +26,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._()/:+-]*$"
 """GPU models, host and worker names: what NVML and hostnames produce, nothing that breaks a log line."""
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
-Backend = Literal["cpu", "cuda"]
+Backend = Literal["cpu", "cuda", "te"]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -35,6 +35,25 @@ class Strict(BaseModel):
     coerced (``false`` is not 0, ``"4"`` is not 4): what the schema says is what the API takes."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _unicode_text(cls, value: Any) -> Any:
+        """Every string in a body is valid Unicode: JSON may carry a lone surrogate (``"\\ud800"``), which no
+        database driver can encode, so it is a 422 here rather than a 500 at the driver."""
+        if _has_lone_surrogate(value):
+            raise ValueError("must be valid Unicode text (no lone surrogates such as \\ud800)")
+        return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(map(_has_lone_surrogate, value))
+    return False
 
 
 def _shape_fields(base: type[BaseModel], *, lookup: bool) -> type[BaseModel]:
@@ -145,6 +164,8 @@ class ProposalBody(BaseModel):
     purpose: Purpose
     repeats: int
     rounds: int
+    labels: list[str] = []
+    """A baseline's reasons (``none``, ``te_default``, ``preset``, ``measure_first``, ``warm_start``); empty otherwise."""
 
     def to_proposal(self) -> Proposal:
         return Proposal.from_dict(self.model_dump())
@@ -190,9 +211,10 @@ class Progress(BaseModel):
     done: int
     """Trials finished (complete or failed) over all slots."""
     total: int
-    """Trials planned: n_trials per slot (finalist re-measurements come on top)."""
+    """Trials planned: n_trials per slot still running (or what it ran, when finalists took it past that), and
+    what a decided slot ran (early stopping ends a slot sooner), so ``done`` never exceeds ``total``."""
     fraction: float
-    """0..1; 1 only once every slot has finished."""
+    """0..1, the mean of the slots' fractions; 1 only once every slot is decided, when done equals total."""
 
 
 class BestSoFar(BaseModel):
@@ -237,6 +259,9 @@ class JobSummary(BaseModel):
 class JobPublic(JobSummary):
     progress: Progress
     slots: list[SlotPublic]
+    waiting_reason: str | None = None
+    """Why the job makes no progress when no registered worker can run it (none has its backend, GPU model
+    or GPU count, or the last one that could was lost); None while some live worker can, and once it ended."""
 
 
 class JobsPage(BaseModel):
@@ -384,6 +409,8 @@ class WorkerCreate(Strict):
     gpu_model: Name | None = None
     """The model all its GPUs share; None for a CPU worker or a mixed box (it then takes only unpinned jobs)."""
     n_gpus: Annotated[int, Field(ge=0, le=1024)] = 0
+    te_version: Annotated[str, Field(max_length=64, pattern=NAME_PATTERN)] | None = None
+    """TransformerEngine's version on the worker's host, None without it: te jobs run only where it is set."""
 
 
 class WorkerPublic(BaseModel):
@@ -396,9 +423,17 @@ class WorkerPublic(BaseModel):
     gpus: list[dict[str, Any]]
     gpu_model: str | None
     n_gpus: int
+    te_version: str | None
     status: str
     registered_at: datetime
     last_heartbeat: datetime
+
+
+class WorkerCreated(WorkerPublic):
+    """The answer to a registration: the only time the worker's secret is shown."""
+
+    secret: str
+    """Send as ``Authorization: Bearer <secret>`` on this worker's heartbeats, claims, renewals and results."""
 
 
 class ClaimPublic(BaseModel):
@@ -412,6 +447,8 @@ class ClaimPublic(BaseModel):
     lease_expires_at: datetime
     lease_s: float
     """Renew well before this runs out (every third of it)."""
+    lease_nonce: str
+    """Send as ``X-Lease-Nonce`` with this lease's renewals and its result."""
 
 
 class LeasePublic(BaseModel):
@@ -441,7 +478,7 @@ class BaselinesCreate(Strict):
 
 class MeasurementCreate(Strict):
     """One config's `overlap_runtime.measurement.Measurement.to_dict()`; None stands for an infinite time.
-    ``positions``, ``baselines`` and ``hidden_ci`` came later: a worker that leaves them out is still heard."""
+    ``positions``, ``baselines``, ``hidden_ci`` and ``ub_init_ms`` came later: a worker that leaves them out is still heard."""
 
     gemm_ms: Finite | None
     comm_ms: Finite | None
@@ -455,6 +492,8 @@ class MeasurementCreate(Strict):
     positions: Positions = []
     baselines: BaselinesCreate | None = None
     hidden_ci: Annotated[list[Finite], Field(min_length=2, max_length=2)] | None = None
+    ub_init_ms: Annotated[float, Field(ge=0, le=1e9)] | None = None
+    """The te backend's userbuffers (re)initialization time in this trial; None elsewhere."""
     exposed_ms: Finite | None = None
     hidden_frac: Finite | None = None
 
@@ -476,7 +515,11 @@ class TrialPublicState(BaseModel):
 
 
 class HealthPublic(BaseModel):
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"]
+    """ok: the database answers and takes writes; degraded (a 503): it answers but writes fail."""
+    writable: bool = True
+    problem: str | None = None
+    """Why writes fail, in public words (read-only, disk full, ...; never the server's address)."""
     database: str
     """The backend in use: sqlite or postgresql."""
     revision: str | None

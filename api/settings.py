@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     """Bearer token for writes and workers (``AUTOTUNE_TOKEN``)."""
     no_auth: bool = False
     """Serve without a token; only allowed on a loopback bind."""
-    default_backend: Literal["cpu", "cuda"] = "cuda"
+    default_backend: Literal["cpu", "cuda", "te"] = "cuda"
     """Backend of a job that names none (`autotune serve --local-worker --backend cpu` makes it cpu)."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     """The scheduler lease: its holder renews it every pass; a holder silent this long is replaced."""
     best_cache_s: float = Field(default=1.0, ge=0)
     """How long a ``GET /v1/best`` answer is served from memory (`api.cache`); 0 reads the database every time."""
+    max_streams: int = Field(default=1000, ge=1, le=100_000)
+    """Event streams (``/v1/jobs/{id}/events``) open at once in one process; past it a stream is a 503 with
+    ``Retry-After``.  A waiting stream holds no database connection (`api.events`), only a socket."""
     queue_depth: int = Field(default=2, ge=1, le=64)
     """Waiting trials kept per slot beyond those running, so a free worker never waits for an ask."""
 

@@ -23,10 +23,13 @@ from api.schemas import (
     ClaimPublic,
     JobAccepted,
     JobPublic,
+    JobsPage,
+    JobSummary,
     LeasePublic,
     TrialPublic,
     TrialPublicState,
     TrialsPage,
+    WorkerCreated,
     WorkerPublic,
 )
 from overlap_runtime.errors import AutotuneError, LeaseLost
@@ -127,6 +130,17 @@ class Client:
     def job(self, job_id: str) -> JobPublic:
         return self._call(JobPublic, "GET", f"/v1/jobs/{job_id}")
 
+    def jobs(self, *, status: str | None = None) -> list[JobSummary]:
+        """``GET /v1/jobs``, every page, newest first; ``status`` keeps only the jobs in that state."""
+        found: list[JobSummary] = []
+        offset: int | None = 0
+        while offset is not None:
+            params = _params({"status": status, "limit": 200, "offset": offset})
+            page = self._call(JobsPage, "GET", "/v1/jobs", params=params)
+            found += page.items
+            offset = page.next_offset
+        return found
+
     def trials(self, job_id: str, *, limit: int = 1000, offset: int = 0) -> TrialsPage:
         return self._call(TrialsPage, "GET", f"/v1/jobs/{job_id}/trials", params={"limit": limit, "offset": offset})
 
@@ -149,7 +163,7 @@ class Client:
             if response.is_error:
                 response.read()
                 raise _error(response)
-            event, data = "message", []
+            event, data = "message", list[str]()
             for line in response.iter_lines():
                 if line.startswith(":"):
                     continue
@@ -182,34 +196,39 @@ class Client:
         return _WORKERS.validate_json(self._send("GET", "/v1/workers").content)
 
     # -- workers ------------------------------------------------------------------------------------
+    # Registration takes the clients' token; every later call speaks for one worker with the secret its
+    # registration returned (`WorkerCreated.secret`), and a lease's calls repeat its claim's nonce.
 
-    def register(self, body: Mapping[str, Any]) -> WorkerPublic:
-        """Register a worker (``body`` as `api.schemas.WorkerCreate`, validated by the controller)."""
-        return self._call(WorkerPublic, "POST", "/v1/workers", json=body)
+    def register(self, body: Mapping[str, Any]) -> WorkerCreated:
+        """Register a worker (``body`` as `api.schemas.WorkerCreate`, validated by the controller); the answer
+        carries the worker's id and secret, which the other worker calls take."""
+        return self._call(WorkerCreated, "POST", "/v1/workers", json=body)
 
-    def heartbeat(self, worker_id: str) -> WorkerPublic:
-        return self._call(WorkerPublic, "POST", f"/v1/workers/{worker_id}/heartbeat")
+    def heartbeat(self, worker: WorkerCreated) -> WorkerPublic:
+        return self._call(WorkerPublic, "POST", f"/v1/workers/{worker.id}/heartbeat", headers=_as(worker))
 
-    def claim(self, worker_id: str) -> ClaimPublic | None:
+    def claim(self, worker: WorkerCreated) -> ClaimPublic | None:
         """A leased trial, or None when there is nothing this worker can run now."""
-        response = self._send("POST", f"/v1/workers/{worker_id}/claim")
+        response = self._send("POST", f"/v1/workers/{worker.id}/claim", headers=_as(worker))
         if response.status_code == httpx.codes.NO_CONTENT:
             return None
         return ClaimPublic.model_validate_json(response.content)
 
-    def renew(self, worker_id: str, trial_id: int) -> LeasePublic:
-        return self._call(LeasePublic, "POST", f"/v1/workers/{worker_id}/trials/{trial_id}/renew")
+    def renew(self, worker: WorkerCreated, claim: ClaimPublic) -> LeasePublic:
+        path = f"/v1/workers/{worker.id}/trials/{claim.trial_id}/renew"
+        return self._call(LeasePublic, "POST", path, headers=_as(worker, claim))
 
     def report(
         self,
-        worker_id: str,
-        trial_id: int,
+        worker: WorkerCreated,
+        claim: ClaimPublic,
         *,
         measurements: list[dict[str, Any]] | None = None,
         failure: str | None = None,
     ) -> TrialPublicState:
         body = {"measurements": measurements} if measurements is not None else {"failure": failure}
-        return self._call(TrialPublicState, "POST", f"/v1/workers/{worker_id}/trials/{trial_id}/result", json=body)
+        path = f"/v1/workers/{worker.id}/trials/{claim.trial_id}/result"
+        return self._call(TrialPublicState, "POST", path, json=body, headers=_as(worker, claim))
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -221,6 +240,14 @@ class Client:
         if response.is_error:
             raise _error(response)
         return response
+
+
+def _as(worker: WorkerCreated, claim: ClaimPublic | None = None) -> dict[str, str]:
+    """The headers of a call made by ``worker`` (its own secret, not the clients' token), on ``claim``'s lease."""
+    headers = {"Authorization": f"Bearer {worker.secret}"}
+    if claim is not None:
+        headers["X-Lease-Nonce"] = claim.lease_nonce
+    return headers
 
 
 def _params(query: dict[str, Any]) -> dict[str, Any]:

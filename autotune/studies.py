@@ -303,7 +303,10 @@ class SlotStudy:
 
     def _hand_out(self, trial: Trial, config: OverlapConfig) -> Proposal:
         purpose = self._purpose(trial, config)
-        proposal = Proposal(number=trial.number, configs=(config,), purpose=purpose, repeats=SEARCH_REPEATS)
+        labels = tuple(trial.user_attrs.get(BASELINE, ()))  # set by `_purpose`, or by the enqueue of a retry
+        proposal = Proposal(
+            number=trial.number, configs=(config,), purpose=purpose, repeats=SEARCH_REPEATS, labels=labels
+        )
         trial.set_user_attr(PURPOSE, purpose.value)
         trial.set_user_attr(CONFIG, config.to_dict())
         trial.set_user_attr(PROPOSAL, proposal.to_dict())  # last: from here on the trial is outstanding
@@ -436,7 +439,7 @@ class SlotStudy:
     ) -> SlotOutcome | None:
         te = history.with_label(TE_DEFAULT)
         stopped = self._study.user_attrs.get(_FINALISTS, {}).get("stopped")
-        context = [*self._baselines.skipped, *([stopped] if stopped else [])]
+        context = [*self._baselines.skipped, *self._baselines.caveats, *([stopped] if stopped else [])]
         if te is not None and te.failure is not None:
             context.append(f"TE's default failed: {te.failure}")
         return decide(

@@ -1,11 +1,15 @@
 """The worker loop: register, heartbeat, claim a trial, measure it on the local TP group, report, repeat.
 
-A worker holds no database credentials and no tuner state: it asks the controller for work over REST.
+A worker holds no database credentials and no tuner state: it asks the controller for work over REST.  It
+registers with the clients' token and from then on speaks with the secret its registration returned; each
+renewal and result also repeats its claim's lease nonce (docs/rest.md, Workers).
 While it measures, a background thread renews the trial's lease every third of the lease, so a long trial
 on a healthy worker is never taken away, while a worker that dies (kill -9, a lost node) stops renewing and
 its trial goes back to the queue once the lease runs out.  A failing config is reported as a failed trial
 and the loop goes on; a controller that is restarting is waited for (connection errors are retried with
-back-off), and a controller that forgot this worker (404) gets a fresh registration.
+back-off), and a controller that forgot this worker (404) or no longer takes its secret (401: a database
+from before worker secrets) gets a fresh registration.  A result the controller refuses as impossible
+(422, its physics check) is reported as the trial's failure, so the trial does not wait out its lease.
 
 One `Runtime` (one TP group of processes) is kept for the tp of the last trial, since starting a group
 costs seconds; a trial with another tp replaces it.
@@ -20,22 +24,24 @@ from typing import Any
 
 import httpx
 
-from api.schemas import ClaimPublic
-from autotune.client import ApiError, Client
+from api.schemas import ClaimPublic, WorkerCreated
+from autotune.client import ApiError, Client, RequestRejected
 from autotune.inventory import worker_body
 from overlap_runtime.errors import InputError, LeaseLost, TrialFailure
-from overlap_runtime.runtime import Runtime
+from overlap_runtime.runtime import Runtime, open_runtime
 from overlap_runtime.shape import ModelShape, Slot
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 10.0
+FORGOTTEN = (httpx.codes.NOT_FOUND, httpx.codes.UNAUTHORIZED)
+"""Answers to a worker call that mean "register again": the controller does not know this worker or its secret."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerOptions:
     backend: str
-    """cpu (gloo ranks) or cuda (one GPU per rank)."""
+    """cpu (gloo ranks), cuda (one GPU per rank) or te (one GPU per rank, measured through TE)."""
     name: str | None = None
     """Shown on the dashboard; host-pid when None."""
     poll_s: float = 1.0
@@ -53,7 +59,8 @@ class WorkerLoop:
         self.client = client
         self.options = options
         self.stop = threading.Event()
-        self.worker_id: str | None = None
+        self.worker: WorkerCreated | None = None
+        """This process's registration: its id and secret."""
         self._runtime: Runtime | None = None
         self._reregister = threading.Event()
 
@@ -78,23 +85,22 @@ class WorkerLoop:
             if self._runtime is not None:
                 self._runtime.close()
 
-    def _id(self) -> str:
-        if self.worker_id is None:
+    def _me(self) -> WorkerCreated:
+        if self.worker is None:
             raise RuntimeError("worker is not registered")
-        return self.worker_id
+        return self.worker
 
     def _register(self) -> None:
         body = worker_body(backend=self.options.backend, name=self.options.name)
-        worker = self._retrying(lambda: self.client.register(body))
-        self.worker_id = worker.id
+        self.worker = self._retrying(lambda: self.client.register(body))
         self._reregister.clear()
-        log.info("registered as worker %s (%s)", worker.id, worker.name)
+        log.info("registered as worker %s (%s)", self.worker.id, self.worker.name)
 
     def _claim(self) -> ClaimPublic | None:
         try:
-            return self._retrying(lambda: self.client.claim(self._id()))
+            return self._retrying(lambda: self.client.claim(self._me()))
         except ApiError as e:
-            if e.status != httpx.codes.NOT_FOUND:
+            if e.status not in FORGOTTEN:
                 raise
             self._reregister.set()  # the controller no longer knows this worker (a fresh database)
             return None
@@ -102,24 +108,31 @@ class WorkerLoop:
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(self.options.heartbeat_s):
             try:
-                self.client.heartbeat(self._id())
+                self.client.heartbeat(self._me())
             except ApiError as e:
-                if e.status == httpx.codes.NOT_FOUND:
+                if e.status in FORGOTTEN:
                     self._reregister.set()
                 log.warning("heartbeat refused: %s", e)
             except httpx.TransportError as e:
                 log.warning("heartbeat failed (controller unreachable): %s", e)
 
     def _run_trial(self, claim: ClaimPublic) -> None:
-        trial_id = claim.trial_id
-        renewer = _LeaseRenewer(client=self.client, worker_id=self._id(), trial_id=trial_id, lease_s=claim.lease_s)
+        worker, trial_id = self._me(), claim.trial_id
+        renewer = _LeaseRenewer(client=self.client, worker=worker, claim=claim)
         renewer.start()
         try:
             report = self._measure(claim)
         finally:
             renewer.stop()
         try:
-            self._retrying(lambda: self.client.report(self._id(), trial_id, **report))
+            try:
+                self._retrying(lambda: self.client.report(worker, claim, **report))
+            except RequestRejected as e:
+                if "measurements" not in report or e.status != httpx.codes.UNPROCESSABLE_ENTITY:
+                    raise
+                log.error("result of trial %s refused as impossible, reported as its failure: %s", trial_id, e)
+                failure = f"result refused by the controller: {e}"
+                self._retrying(lambda: self.client.report(worker, claim, failure=failure))
         except LeaseLost as e:
             log.warning("result of trial %s dropped: %s", trial_id, e)
         except ApiError as e:
@@ -154,7 +167,9 @@ class WorkerLoop:
             self._runtime.close()
             self._runtime = None
         if self._runtime is None:
-            self._runtime = Runtime(tp=tp, backend=self.options.backend, trial_timeout_s=self.options.trial_timeout_s)
+            self._runtime = open_runtime(
+                tp=tp, backend=self.options.backend, trial_timeout_s=self.options.trial_timeout_s
+            )
         return self._runtime
 
     def _retrying(self, call: Any) -> Any:
@@ -179,13 +194,14 @@ class WorkerLoop:
 class _LeaseRenewer:
     """Renews one trial's lease every third of the lease until stopped or the lease is lost."""
 
-    def __init__(self, *, client: Client, worker_id: str, trial_id: int, lease_s: float) -> None:
+    def __init__(self, *, client: Client, worker: WorkerCreated, claim: ClaimPublic) -> None:
         self._client = client
-        self._worker_id = worker_id
-        self._trial_id = trial_id
-        self._every_s = max(0.1, lease_s / 3)
+        self._worker = worker
+        self._claim = claim
+        self._trial_id = claim.trial_id
+        self._every_s = max(0.1, claim.lease_s / 3)
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"lease-{trial_id}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"lease-{claim.trial_id}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -197,7 +213,7 @@ class _LeaseRenewer:
     def _loop(self) -> None:
         while not self._done.wait(self._every_s):
             try:
-                self._client.renew(self._worker_id, self._trial_id)
+                self._client.renew(self._worker, self._claim)
             except LeaseLost as e:
                 log.warning("lost the lease of trial %s: %s", self._trial_id, e)
                 return

@@ -34,6 +34,7 @@ import torch.distributed._symmetric_memory as symm_mem
 
 from overlap_runtime import flag_kernels, ring_gemm
 from overlap_runtime import gemm as gemm_kernels
+from overlap_runtime.fp8 import Scales, as_bytes
 from overlap_runtime.races import Draws, FaultPlan, Jitter, SiteKind
 from overlap_runtime.symmetric import stream_wait, stream_write
 
@@ -43,6 +44,8 @@ ALIGN_SLEEP_MS = 2.0
 """What one such sleep is taken to last when sleeps are counted (`align_sleeps`)."""
 HOST_MARGIN = 1.5
 """`Device.align` sleeps this many times as long as the host is expected to take to queue the op."""
+EPOCH_LIMIT = 1 << 30
+"""Flags are int32 words compared with >=: epochs restart well before they could wrap (`PeerBuffer.next_epoch`)."""
 MAX_ALIGN_SLEEPS = 50
 """100 ms: a host slower than that to queue one op is not queueing (a compile, a stall), and must not turn
 every repeat into a long sleep."""
@@ -107,12 +110,17 @@ class Device(abc.ABC):
     jitter: Jitter
     """The check's random delays on this backend (`races.Jitter`)."""
 
-    def __init__(self, *, rank: int, tp: int, device: torch.device) -> None:
+    def __init__(self, *, rank: int, tp: int, device: torch.device, group: Any = None) -> None:
         self.rank = rank
         self.tp = tp
         self.device = device
+        self.pg = dist.group.WORLD if group is None else group
+        """The TP group every collective, rendezvous and barrier of this device runs on; ``rank`` and ``tp`` are
+        this rank's place in it and its size (a user's group under torchrun, or WORLD in our own `TPGroup`)."""
         self.sm_count = 0
-        self._groups: dict[CommOptions, Any] = {CommOptions(): dist.group.WORLD}
+        self._groups: dict[CommOptions, Any] = {CommOptions(): self.pg}
+        self.epoch_limit = EPOCH_LIMIT
+        """Flag epochs and counter totals restart from 0 before they pass this (`symmetric`)."""
         self.faults = FaultPlan()
         self.sites: dict[str, SiteKind] = {}
         """Every wait and flag-write site issued so far (what a test can plant, `races`)."""
@@ -158,22 +166,27 @@ class Device(abc.ABC):
         self.launch(lambda: t.fill_(value))
 
     # -- compute --------------------------------------------------------------------------------
+    # ``scales`` (scale_a, scale_b): FP8 operands' per-tensor dequantization scales (`fp8`); None otherwise.
     @abc.abstractmethod
-    def gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str) -> None:
+    def gemm(
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str,
+        scales: Scales | None = None,
+    ) -> None:  # fmt: skip
         """``out = a @ b`` with the GEMM ``kind`` held to ``num_sms`` SMs (None: all)."""
 
-    def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-        """The best library GEMM at full SMs: the `gemm_ms` reference."""
-        self.launch(lambda: torch.mm(a, b, out=out))
+    @abc.abstractmethod
+    def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales | None = None) -> None:
+        """The best library GEMM at full SMs: the `gemm_ms` reference (FP8: ``torch._scaled_mm``)."""
 
     def gather_gemm(
         self, a: torch.Tensor, ring: Any, b: torch.Tensor, out: torch.Tensor, *, epoch: int, num_sms: int | None,
-        site: str,
+        site: str, scales: Scales | None = None,
     ) -> None:  # fmt: skip
         """``out = all_gather(a) @ b`` in one launch of our GEMM, each peer chunk read from ``ring`` (a
         `symmetric.PeerBuffer`) once its ready flag reaches ``epoch`` (`ring_gemm.gather_matmul`)."""
         epoch = self._awaited(site, epoch)
         kwargs = dict(ready=ring.flags[: self.tp], epoch=epoch, rank=self.rank, num_sms=num_sms, **self._paced())
+        kwargs |= _scale_kwargs(scales)
         self.launch(lambda: self.kernels.gather_matmul(a, ring.local, b, out, **kwargs))
 
     def scatter_gemm(
@@ -188,6 +201,7 @@ class Device(abc.ABC):
         epoch: int,
         plan: ring_gemm.ScatterPlan,
         site: str,
+        scales: Scales | None = None,
     ) -> None:
         """``out = reduce_scatter(a @ b)`` (our chunk) in one launch of our GEMM that stages the other owners'
         partials in ``parts`` (counted per segment in ``counts``, a `symmetric.Counters`) and adds what arrived
@@ -197,7 +211,7 @@ class Device(abc.ABC):
         words = counts.words[: (self.tp - 1) * len(plan.segments)]
         ready = box.flags[: self.tp * box.lanes]
         kwargs = dict(parts=parts, counts=words, recv=box.local, ready=ready, epoch=epoch, rank=self.rank, plan=plan)
-        kwargs |= self._paced()
+        kwargs |= self._paced() | _scale_kwargs(scales)
         self.launch(lambda: self.kernels.scatter_matmul(a, b, out, **kwargs))
 
     def reduce_when_ready(
@@ -238,13 +252,23 @@ class Device(abc.ABC):
         """`wait_flag` with a one-program kernel on the current stream: for a stream whose next op is a kernel."""
         value = self._awaited(site, value)
         if value > 0:
-            self.launch(lambda: self.kernels.spin(words[index : index + 1], value))
+            kwargs = self._paced()
+            self.launch(lambda: self.kernels.spin(words[index : index + 1], value, **kwargs))
+
+    def barrier(self) -> None:
+        """Every rank of the group reached this point (host side)."""
+        dist.barrier(group=self.pg)
 
     # -- communication --------------------------------------------------------------------------
     def group(self, options: CommOptions) -> Any:
         """A communicator shaped by ``options`` (created once, collectively, in the same order on all ranks)."""
         if options not in self._groups:
-            self._groups[options] = dist.new_group(list(range(self.tp)), pg_options=self._pg_options(options))
+            # Only the group's ranks take part: the other ranks of a DP x TP job never call this.
+            self._groups[options] = dist.new_group(
+                dist.get_process_group_ranks(self.pg),
+                pg_options=self._pg_options(options),
+                use_local_synchronization=True,
+            )
         return self._groups[options]
 
     def _pg_options(self, options: CommOptions) -> Any:
@@ -254,7 +278,9 @@ class Device(abc.ABC):
     def _collective(self, options: CommOptions, issue: Callable[[Any], list[Any]]) -> Work:
         """Run ``issue(group)`` (async torch.distributed calls, their works returned) in stream order."""
 
+    # FP8 tensors travel as their bytes (`fp8.as_bytes`): gloo has no float8 type, and a transfer needs none.
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
+        out, shard = as_bytes(out), as_bytes(shard)
         return self._collective(options, lambda group: [_all_gather(out, shard, group=group, async_op=True)])
 
     def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
@@ -269,8 +295,8 @@ class Device(abc.ABC):
         """Point-to-point sends and receives issued together (NCCL send/recv kernels, or gloo threads)."""
 
         def issue(group: Any) -> list[Any]:
-            ops = [dist.P2POp(dist.isend, t, peer, group=group) for t, peer in sends]
-            ops += [dist.P2POp(dist.irecv, t, peer, group=group) for t, peer in recvs]
+            ops = [dist.P2POp(dist.isend, as_bytes(t), group=group, group_peer=peer) for t, peer in sends]
+            ops += [dist.P2POp(dist.irecv, as_bytes(t), group=group, group_peer=peer) for t, peer in recvs]
             return dist.batch_isend_irecv(ops) if ops else []
 
         return self._collective(options, issue)
@@ -300,7 +326,8 @@ class Device(abc.ABC):
             self._slow = None
 
     def _paced(self) -> dict[str, Any]:
-        """Extra arguments of the flag-waiting kernels: the pauses between their steps (`host_kernels`)."""
+        """Extra arguments of the flag-waiting kernels: the pauses between their steps and how long a wait may
+        last (`host_kernels`)."""
         return {}
 
     def _delay_s(self, stream: str) -> float:
@@ -344,8 +371,8 @@ class CudaDevice(Device):
     slowed stream: longer than most chunk GEMMs of the shapes the tests check."""
     SLEEP_CYCLES_PER_S = ALIGN_SLEEP_CYCLES / (ALIGN_SLEEP_MS * 1e-3)
 
-    def __init__(self, *, rank: int, tp: int, device: torch.device) -> None:
-        super().__init__(rank=rank, tp=tp, device=device)
+    def __init__(self, *, rank: int, tp: int, device: torch.device, group: Any = None) -> None:
+        super().__init__(rank=rank, tp=tp, device=device, group=group)
         self.sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         self._streams: dict[tuple[str, int, int], Any] = {}
         self._names: dict[int, str] = {}
@@ -382,13 +409,23 @@ class CudaDevice(Device):
                 torch.cuda._sleep(int(delay * self.SLEEP_CYCLES_PER_S))
         work()
 
-    def gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str) -> None:
+    def gemm(
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str,
+        scales: Scales | None = None,
+    ) -> None:  # fmt: skip
         matmul = gemm_kernels.matmul if kind == "triton" else gemm_kernels.cublas_matmul
-        self.launch(lambda: matmul(a, b, out, num_sms=num_sms))
+        kwargs = _scale_kwargs(scales)
+        self.launch(lambda: matmul(a, b, out, num_sms=num_sms, **kwargs))
+
+    def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales | None = None) -> None:
+        if scales is None:
+            self.launch(lambda: torch.mm(a, b, out=out))
+        else:
+            self.launch(lambda: gemm_kernels.cublas_matmul(a, b, out, **_scale_kwargs(scales)))
 
     def symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
         local = symm_mem.empty(*shape, dtype=dtype, device=self.device)
-        handle = symm_mem.rendezvous(local, dist.group.WORLD)
+        handle = symm_mem.rendezvous(local, self.pg.group_name)
         return local, [handle.get_buffer(p, shape, dtype) for p in range(self.tp)]
 
     def _write_flag(self, words: torch.Tensor, index: int, value: int, *, early: bool) -> None:
@@ -426,10 +463,15 @@ class CudaDevice(Device):
         took 1.6-3.5 ms of Python per call and was timed at 1.30-1.65 ms behind a fixed 2 ms sleep, against
         0.28 ms with a sleep that outlasts the host."""
         self.synchronize()
-        dist.barrier()
+        self.barrier()
         for _ in range(align_sleeps(host_ms)):
             torch.cuda._sleep(ALIGN_SLEEP_CYCLES)
-        dist.all_reduce(torch.zeros(1, device=self.device))
+        dist.all_reduce(torch.zeros(1, device=self.device), group=self.pg)
+
+
+def _scale_kwargs(scales: Scales | None) -> dict[str, torch.Tensor]:
+    """The ``scale_a``, ``scale_b`` keyword arguments of our kernels (none for 16/32-bit operands)."""
+    return {} if scales is None else {"scale_a": scales[0], "scale_b": scales[1]}
 
 
 class Timer:

@@ -22,6 +22,8 @@ import torch.distributed as dist
 from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
 from overlap_runtime.device import CudaDevice, Device, Timer
 from overlap_runtime.emulation import HostDevice
+from overlap_runtime.fp8 import E4M3_MAX
+from overlap_runtime.gemm import FP8
 from overlap_runtime.group import RankContext
 from overlap_runtime.measurement import REL_ERR_LIMIT, Baselines, BaselineSource, Measurement
 from overlap_runtime.methods import BULK_GATHERED, Operands, Plan, comm_only, gemm_only, run, serial
@@ -59,15 +61,53 @@ def limits_task(ctx: RankContext) -> DeviceLimits | None:
     )
 
 
+FP8_SCALE_A = 0.75
+FP8_SCALE_B = 0.5
+"""FP8 inputs are E4M3 values of unit spread with dequantization scales ``FP8_SCALE_A * k**-0.25`` (one for
+the whole gathered input, as TE's amax reduction over the group gives every shard one scale) and
+``FP8_SCALE_B * (1 + rank / 4) * k**-0.25`` (each rank's own weight scale): products stay O(1) whatever K
+is, and no scale is a power of two, so one dropped or applied twice shows in the numerical check."""
+PARTIAL_SIGMAS = 8.0
+"""An FP8 reduce-scatter buffer's scale maps this many standard deviations of a partial to E4M3's largest
+value: no partial of these inputs comes near it (more than 8 sigma: about 1e-15 per element), and values
+down to 2^-9 of it keep E4M3's full 3-bit mantissa."""
+
+
+def fp8_scales(dev: Device, gemm: SlotGemm) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """(scale_a, scale_b) of this rank's FP8 inputs and the partials' scale every rank shares (`FP8_SCALE_A`)."""
+    k_term = gemm.k**-0.25
+    scale_a = FP8_SCALE_A * k_term
+    scale_b = [FP8_SCALE_B * (1 + r / 4) * k_term for r in range(dev.tp)]
+    # A partial sums k products of unit-spread values: its spread is sqrt(k) * scale_a * scale_b.
+    sigma = math.sqrt(gemm.k) * scale_a * max(scale_b)
+
+    def one(value: float) -> torch.Tensor:
+        return torch.tensor([value], dtype=torch.float32, device=dev.device)
+
+    return (one(scale_a), one(scale_b[dev.rank])), one(PARTIAL_SIGMAS * sigma / E4M3_MAX)
+
+
 def make_operands(dev: Device, gemm: SlotGemm, seed: int) -> tuple[Operands, list[tuple[torch.Tensor, ...]]]:
-    """Output buffers and a list of rotating random input sets (a, b[, x])."""
+    """Output buffers and a list of rotating random input sets (a, b[, x]).
+
+    fp8 shapes: a, b and a gathered x are E4M3 (`fp8_scales`), b column-major (``w.t()`` of a row-major
+    weight, as TE holds it and ``torch._scaled_mm`` needs it); out and a reduce-scattered x are bf16 (on CPU
+    too, so the gloo collectives move the dtypes the GPU's do)."""
     rows = gemm.tokens // gemm.tp
     gen = torch.Generator(device=dev.device).manual_seed(seed * 1000 + dev.rank)
-    dtype = torch.bfloat16 if dev.is_cuda else torch.float32
+    fp8 = gemm.dtype == "fp8"
+    # bf16 shapes run fp32 on CPU: the reference and the methods then agree to rounding of fp32 sums.
+    dtype = torch.bfloat16 if dev.is_cuda or fp8 else torch.float32
+    scales, partial_scale = fp8_scales(dev, gemm) if fp8 else (None, None)
 
-    def rand(*shape: int) -> torch.Tensor:
+    def rand(*shape: int, quantized: bool = False) -> torch.Tensor:
+        if quantized:  # unit spread, well inside E4M3's range; the scales size the products
+            return torch.randn(shape, generator=gen, device=dev.device).to(FP8)
         # Scaled so the products stay O(1) whatever K is.
         return torch.randn(shape, generator=gen, device=dev.device, dtype=dtype) / math.sqrt(shape[-1])
+
+    def weight() -> torch.Tensor:
+        return rand(gemm.n, gemm.k, quantized=True).t() if fp8 else rand(gemm.k, gemm.n)
 
     if gemm.coupled and gemm.collective == Collective.ALL_GATHER:
         a_shape, out_shape = (rows, gemm.k), (gemm.tokens, gemm.n)
@@ -79,20 +119,35 @@ def make_operands(dev: Device, gemm: SlotGemm, seed: int) -> tuple[Operands, lis
     if not gemm.coupled:
         full, shard = (gemm.tokens, gemm.hidden), (rows, gemm.hidden)
         x_shape, y_shape = (shard, full) if gemm.collective == Collective.ALL_GATHER else (full, shard)
-    set_bytes = (math.prod(a_shape) + gemm.k * gemm.n + (math.prod(x_shape) if x_shape else 0)) * 2
+    # At FP8 an all-gather moves the FP8 input (TE forces an FP8 buffer there), a reduce-scatter bf16.
+    x_fp8 = fp8 and gemm.collective == Collective.ALL_GATHER
+    in_bytes = FP8.itemsize if fp8 else 2
+    x_bytes = math.prod(x_shape) * (in_bytes if x_fp8 else 2) if x_shape else 0
+    set_bytes = (math.prod(a_shape) + gemm.k * gemm.n) * in_bytes + x_bytes
     n_sets = max(MIN_SETS, min(MAX_SETS, math.ceil(ROTATE_BYTES / set_bytes)) if dev.is_cuda else MIN_SETS)
-    sets = [(rand(*a_shape), rand(gemm.k, gemm.n), *([rand(*x_shape)] if x_shape else [])) for _ in range(n_sets)]
+    sets = [
+        (rand(*a_shape, quantized=fp8), weight(), *([rand(*x_shape, quantized=x_fp8)] if x_shape else []))
+        for _ in range(n_sets)
+    ]
     out = torch.empty(out_shape, device=dev.device, dtype=dtype)
-    ops = Operands(gemm=gemm, a=sets[0][0], b=sets[0][1], out=out, x=sets[0][2] if x_shape else None)
+    ops = Operands(
+        gemm=gemm,
+        a=sets[0][0],
+        b=sets[0][1],
+        out=out,
+        x=sets[0][2] if x_shape else None,
+        scales=scales,
+        partial_scale=partial_scale,
+    )
     if y_shape and gemm.collective == Collective.ALL_GATHER:
         # Peer-mapped, as TE's userbuffer is: a copy-engine bulk all-gather pushes straight into it.
-        ops.y = ops.peer_buffer(dev, BULK_GATHERED, y_shape).local
+        ops.y = ops.peer_buffer(dev, BULK_GATHERED, y_shape, sets[0][2].dtype).local
     elif y_shape:
         ops.y = torch.empty(y_shape, device=dev.device, dtype=dtype)
     if gemm.coupled and gemm.collective == Collective.ALL_GATHER:
         # `gemm_only` reads the gathered input, which only a collective fills: random until then, never the
         # allocator's zeros (an H200 runs a GEMM of zeros 12-15% faster: its power draw depends on the data).
-        ops.gathered().copy_(rand(gemm.tokens, gemm.k))
+        ops.gathered().copy_(rand(gemm.tokens, gemm.k, quantized=fp8))
     return ops, sets
 
 
@@ -128,14 +183,22 @@ def _use_next(ops: Operands, sets: list[tuple[torch.Tensor, ...]]) -> tuple[torc
 def time_region(
     dev: Device, ops: Operands, sets: list, fn: Callable[[], None], *, repeats: int, warmup: int
 ) -> list[float]:
-    """Per-repeat times of ``fn`` in ms, each the slowest rank's, ranks aligned before every repeat.
+    """`time_calls` of ``fn``, each call on the next of ``sets`` (`Operands.turn`)."""
+    return time_calls(dev, lambda: _use_next(ops, sets), fn, repeats=repeats, warmup=warmup)
+
+
+def time_calls(
+    dev: Device, before: Callable[[], object], fn: Callable[[], None], *, repeats: int, warmup: int
+) -> list[float]:
+    """Per-repeat times of ``fn`` in ms, each the slowest rank's, ranks aligned before every repeat;
+    ``before()`` runs ahead of each call, untimed (it hands the call its next inputs).
 
     The warm-up calls also time the host: each repeat's alignment sleeps long enough for this rank to queue
     all of ``fn`` (`Device.align`; its closing all-reduce holds every rank until the longest sleep is over),
     so on CUDA only the GPU's work is timed."""
     host_ms = []
     for _ in range(warmup):
-        _use_next(ops, sets)
+        before()
         t0 = time.perf_counter()
         fn()
         host_ms.append((time.perf_counter() - t0) * 1e3)
@@ -144,7 +207,7 @@ def time_region(
     queue_ms = statistics.median(host_ms[1:] or host_ms) if host_ms else 0.0
     timers = [Timer(dev) for _ in range(repeats)]
     for timer in timers:
-        _use_next(ops, sets)
+        before()
         dev.align(queue_ms)
         timer.start()
         fn()
@@ -152,21 +215,22 @@ def time_region(
     dev.synchronize()
     mine = torch.tensor([t.ms() for t in timers], dtype=torch.float64, device=dev.device)
     every = [torch.empty_like(mine) for _ in range(dev.tp)]
-    dist.all_gather(every, mine)
+    dist.all_gather(every, mine, group=dev.pg)
     return torch.stack(every).max(dim=0).values.tolist()
 
 
-def _rel_err(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+def relative_error(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """``‖got − want‖ / ‖want‖`` over all the tensors together, the worst rank's (inf when not finite)."""
     num = sum(float((g.double() - w.double()).norm() ** 2) for g, w in zip(got, want, strict=True))
     den = sum(float(w.double().norm() ** 2) for w in want)
     err = math.sqrt(num / den) if den > 0 else math.sqrt(num)
     worst = torch.tensor([err if math.isfinite(err) else math.inf], dtype=torch.float64, device=dev.device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=dev.pg)
     return float(worst.item())
 
 
 @dataclass(kw_only=True)
-class _Timed:
+class Timed:
     """One timed thing's repeats as they accumulate, round after round, and where each round ran."""
 
     samples: list[float] = field(default_factory=list)
@@ -174,9 +238,15 @@ class _Timed:
 
     def time(self, ctx: RankContext, dev: Device, ops: Operands, sets: list, fn: Callable[[], None], **timing) -> None:
         """One round: ``fn`` timed by `time_region`, at the group's next position."""
+        self.time_calls(ctx, dev, lambda: _use_next(ops, sets), fn, **timing)
+
+    def time_calls(
+        self, ctx: RankContext, dev: Device, before: Callable[[], object], fn: Callable[[], None], **timing
+    ) -> None:
+        """One round: ``fn`` timed by `time_calls` (``before`` ahead of each call), at the group's next position."""
         position = ctx.state.get("timed_regions", 0)
         ctx.state["timed_regions"] = position + 1
-        self.samples += time_region(dev, ops, sets, fn, **timing)
+        self.samples += time_calls(dev, before, fn, **timing)
         self.positions.append(position)
 
     def series(self) -> Series:
@@ -193,7 +263,7 @@ class _Problem:
 
     ops: Operands
     sets: list
-    timed: dict[str, _Timed] = field(default_factory=lambda: {name: _Timed() for name, _ in _BASELINES})
+    timed: dict[str, Timed] = field(default_factory=lambda: {name: Timed() for name, _ in _BASELINES})
 
     def time(self, ctx: RankContext, dev: Device, **timing) -> None:
         for name, fn in _BASELINES:
@@ -216,7 +286,7 @@ class _Candidate:
     sets: list
     plan: Plan
     rel_err: float = math.nan
-    timed: _Timed = field(default_factory=_Timed)
+    timed: Timed = field(default_factory=Timed)
 
     def call(self, dev: Device) -> None:
         if self.config.method == Method.NONE:
@@ -269,7 +339,7 @@ def measure_task(
         gemm: p.baselines(baselines) if same_rounds else _cached(ctx, dev, p, seed, timing)
         for gemm, p in problems.items()
     }
-    limit = REL_ERR_LIMIT["bf16"]
+    limit = REL_ERR_LIMIT[shape.dtype]
     return [
         Measurement.measured(
             overlap=c.timed.series(),
@@ -299,13 +369,13 @@ def _check_numerics(dev: Device, c: _Candidate, *, seed: int = 0) -> float:
     for inputs in turns:
         if id(inputs) not in references:
             _use(ops, inputs)
-            serial(dev, ops)
+            serial(dev, ops, fp8_buf=c.plan.fp8_buf)
             dev.synchronize()
             references[id(inputs)] = [t.clone() for t in ops.outputs()]
-    dist.barrier()  # every rank's reference is done before any rank's poison: no transfer is in flight
+    dev.barrier()  # every rank's reference is done before any rank's poison: no transfer is in flight
     ops.poison(dev)
     dev.synchronize()
-    dist.barrier()
+    dev.barrier()
     got, want = [], []
     with dev.jittered(seed):
         for inputs, slow in zip(turns, schedule, strict=True):
@@ -315,13 +385,24 @@ def _check_numerics(dev: Device, c: _Candidate, *, seed: int = 0) -> float:
                 got += [dev.copy(torch.empty_like(t), t) for t in ops.outputs()]
             want += references[id(inputs)]
         dev.synchronize()
-    return _rel_err(dev, got, want)
+    return relative_error(dev, got, want)
 
 
 def _stage(dev: Device, ops: Operands, inputs: tuple[torch.Tensor, ...]) -> None:
     """Copy ``inputs`` into buffers of their own on the current stream and hand those to ``ops``."""
-    staged = [dev.copy(ops.buffer(f"staged_{i}", tuple(t.shape)), t) for i, t in enumerate(inputs)]
+    staged = [_staged(dev, ops, i, t) for i, t in enumerate(inputs)]
     _use(ops, tuple(staged))
+
+
+def _staged(dev: Device, ops: Operands, i: int, t: torch.Tensor) -> torch.Tensor:
+    """A copy of input ``t`` in a buffer of its own, with ``t``'s strides (a column-major FP8 weight stays one)."""
+    if _column_major(t):
+        return dev.copy(ops.buffer(f"staged_{i}", tuple(t.t().shape), t.dtype).t(), t)
+    return dev.copy(ops.buffer(f"staged_{i}", tuple(t.shape), t.dtype), t)
+
+
+def _column_major(t: torch.Tensor) -> bool:
+    return t.dim() == 2 and t.stride(0) == 1 and t.stride(1) != 1
 
 
 def _cached(ctx: RankContext, dev: Device, p: _Problem, seed: int, timing: dict) -> Baselines:

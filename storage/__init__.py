@@ -13,9 +13,11 @@ Typical start-up::
         job = create_job(session=session, shape=shape, layers=["qkv_fprop"], n_trials=20, backend=Backend.CUDA)
 """
 
-from storage.best import get_best, list_winners, upsert_best
+from storage.best import get_best, list_winners, tuned_shapes, upsert_best
+from storage.counts import StateCounts, state_counts
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
-from storage.errors import Conflict, NotFound, StorageError
+from storage.errors import Conflict, NotFound, StorageError, public_reason
+from storage.health import probe_write, reclaim
 from storage.jobs import cancel_job, create_job, first_configs, get_job, list_jobs, set_job_status
 from storage.leader import SCHEDULER, acquire_leadership, get_leader, release_leadership
 from storage.migrate import VERSION_TABLE, alembic_config, current_revision, upgrade
@@ -46,7 +48,7 @@ from storage.trials import (
     list_trials,
     renew_lease,
 )
-from storage.workers import get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
+from storage.workers import authenticate_worker, get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
 
 __all__ = [
     "LEASE_EXPIRED",
@@ -62,6 +64,7 @@ __all__ = [
     "LeaderLease",
     "NotFound",
     "Page",
+    "StateCounts",
     "StorageError",
     "Trial",
     "TrialPurpose",
@@ -72,6 +75,7 @@ __all__ = [
     "add_layer_study",
     "add_trial",
     "alembic_config",
+    "authenticate_worker",
     "cancel_job",
     "claim_trial",
     "complete_trial",
@@ -95,11 +99,16 @@ __all__ = [
     "list_winners",
     "list_workers",
     "mark_lost_workers",
+    "probe_write",
+    "public_reason",
+    "reclaim",
     "register_worker",
     "release_leadership",
     "renew_lease",
     "session_factory",
     "set_job_status",
+    "state_counts",
+    "tuned_shapes",
     "update_layer_study",
     "upgrade",
     "upsert_best",

@@ -24,6 +24,12 @@ APP_DIR_NAME = "overlap-autotune"
 SQLITE_FILE_NAME = "autotune.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """Long enough for a writer to outwait a burst of claims from many local workers."""
+SQLITE_JOURNAL_SIZE_LIMIT = 4 << 20
+"""Bytes of ``-wal`` file a checkpoint leaves behind: SQLite otherwise keeps the WAL at its largest size
+forever, space a full disk never gets back (`storage.health.reclaim` truncates it to zero)."""
+SQLITE_FILE_MODE = 0o600
+"""The database holds every result and the worker secrets' hashes: only its user reads it (SQLite gives its
+``-wal`` and ``-shm`` files the database file's mode)."""
 
 
 def default_sqlite_path() -> Path:
@@ -41,12 +47,23 @@ def create_engine_for(*, url: str | None = None) -> Engine:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
+            _create_private(Path(parsed.database))
         engine = create_engine(parsed)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(parsed, pool_pre_ping=True)
+
+
+def _create_private(path: Path) -> None:
+    """Create the SQLite file (and its folder) readable by its user only, before SQLite would create it
+    with the umask's mode (world-readable, usually); an existing file keeps the mode its owner gave it."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, SQLITE_FILE_MODE))
+    except FileExistsError:
+        return
+    os.chmod(path, SQLITE_FILE_MODE)  # the umask may have taken bits O_CREAT was given: say it exactly
 
 
 def _sqlite_pragmas(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
@@ -56,6 +73,7 @@ def _sqlite_pragmas(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA journal_size_limit={SQLITE_JOURNAL_SIZE_LIMIT}")
     finally:
         cursor.close()
 

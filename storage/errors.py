@@ -34,6 +34,24 @@ class Conflict(StorageError):
     """The row exists but is in a state that forbids the change (e.g. cancelling a finished job)."""
 
 
+_PUBLIC_REASONS = (
+    (("readonly", "read-only", "read only"), "the database is read-only"),
+    (("database or disk is full", "no space left", "disk full", "could not extend file"), "the disk is full"),
+    (("locked", "lock timeout", "deadlock"), "the database is busy"),
+)
+
+
+def public_reason(error: BaseException) -> str:
+    """What went wrong with the database in words an unauthenticated caller may read: a driver's message
+    names the server's host and port, its user and the statement, none of which the 503 of a public
+    endpoint should show (the controller's log has the whole message)."""
+    text = str(error).lower()
+    for needles, reason in _PUBLIC_REASONS:
+        if any(needle in text for needle in needles):
+            return reason
+    return "the database does not answer"
+
+
 def wraps_driver_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Roll back the ``session`` keyword argument on any error; re-raise SQLAlchemy errors as `StorageError`.
 

@@ -79,10 +79,13 @@ class TrialPurpose(enum.StrEnum):
 
 
 class Backend(enum.StrEnum):
-    """Where a job's trials run: CUDA GPUs, or gloo ranks on the CPU (tests, demos, no-GPU machines)."""
+    """Where a job's trials run: CUDA GPUs, gloo ranks on the CPU (tests, demos, no-GPU machines), or CUDA
+    GPUs through TransformerEngine."""
 
     CPU = "cpu"
     CUDA = "cuda"
+    TE = "te"
+    """CUDA GPUs, every config measured through TransformerEngine itself (`overlap_runtime.te_backend`)."""
 
 
 class WorkerStatus(enum.StrEnum):
@@ -178,6 +181,9 @@ class Trial(Base):
     error: Mapped[str | None] = mapped_column(Text)
     worker_id: Mapped[str | None] = mapped_column(ForeignKey(f"{TABLE_PREFIX}workers.id", ondelete="SET NULL"))
     lease_expires_at: Mapped[datetime | None]
+    lease_nonce_hash: Mapped[str | None] = mapped_column(String(64))
+    """SHA-256 of the nonce handed out with the current claim (`storage.secrets`): renewals and results must
+    repeat the nonce, so a result counts only from the worker holding this very lease."""
     attempts: Mapped[int] = mapped_column(default=0)
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
@@ -230,9 +236,14 @@ class Worker(Base):
     """The model all its GPUs share (None for a CPU-only worker); claims match it against `Job.gpu`."""
     n_gpus: Mapped[int]
     backend: Mapped[Backend]
+    te_version: Mapped[str | None] = mapped_column(String(64))
+    """TransformerEngine's version where the worker's host has it installed, else None; te jobs run only on
+    te workers that report one."""
     status: Mapped[WorkerStatus]
     registered_at: Mapped[datetime]
     last_heartbeat: Mapped[datetime] = mapped_column(index=True)
+    secret_hash: Mapped[str | None] = mapped_column(String(64))
+    """SHA-256 of the secret the worker got at registration (`storage.secrets`); worker calls carry it."""
 
 
 class LeaderLease(Base):
@@ -255,3 +266,12 @@ class LeaderLease(Base):
     """When the current term began."""
     expires_at: Mapped[datetime]
     """The role is free from this moment on unless the holder renews it first."""
+
+
+class HealthProbe(Base):
+    """The row ``/healthz`` writes to learn whether the database still takes writes (`storage.health`)."""
+
+    __tablename__ = f"{TABLE_PREFIX}health_probes"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at: Mapped[datetime | None]

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, false, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 
 from overlap_runtime.errors import LeaseLost
+from storage import secrets
 from storage.errors import Conflict, NotFound, wraps_driver_errors
 from storage.models import (
     ACTIVE_JOB_STATUSES,
@@ -51,6 +52,8 @@ class Claim:
     trial: Trial
     study: LayerStudy
     job: Job
+    nonce: str
+    """The lease's nonce (only its hash is stored): renewals and the result must repeat it."""
 
 
 @wraps_driver_errors
@@ -109,7 +112,8 @@ def list_trials(
 def claim_trial(*, session: Session, worker_id: str, lease: timedelta, now: datetime | None = None) -> Claim | None:
     """Atomically hand the oldest waiting trial this worker can run to it; None when there is none.
 
-    The worker can run a trial when the job's backend is its backend, the job's GPU model is unset or equals
+    The worker can run a trial when the job's backend is its backend (a te worker only with TE installed: its
+    ``te_version``), the job's GPU model is unset or equals
     the worker's, the job's tp fits its GPU count (CPU workers run any tp on gloo ranks), and neither the job
     nor the slot's study has finished or been cancelled.  A claim also counts as the worker's heartbeat.
     """
@@ -117,6 +121,7 @@ def claim_trial(*, session: Session, worker_id: str, lease: timedelta, now: date
     worker = session.get(Worker, worker_id)
     if worker is None:
         raise NotFound(f"worker {worker_id!r} not found")
+    nonce, nonce_hash = secrets.issue()
     candidate = aliased(Trial)
     pick = (
         select(candidate.id)
@@ -135,6 +140,7 @@ def claim_trial(*, session: Session, worker_id: str, lease: timedelta, now: date
             state=TrialState.RUNNING,
             worker_id=worker_id,
             lease_expires_at=now + lease,
+            lease_nonce_hash=nonce_hash,
             attempts=Trial.attempts + 1,
             started_at=now,
         )
@@ -149,7 +155,7 @@ def claim_trial(*, session: Session, worker_id: str, lease: timedelta, now: date
     study = session.get_one(LayerStudy, trial.study_id, populate_existing=True)
     job = session.get_one(Job, study.job_id, populate_existing=True)
     session.commit()
-    return Claim(trial=trial, study=study, job=job)
+    return Claim(trial=trial, study=study, job=job, nonce=nonce)
 
 
 def _runnable_by(worker: Worker) -> list[ColumnElement[bool]]:
@@ -162,24 +168,27 @@ def _runnable_by(worker: Worker) -> list[ColumnElement[bool]]:
     ]
     if worker.backend != Backend.CPU:
         conditions.append(Job.tp <= worker.n_gpus)
+    if worker.backend == Backend.TE and worker.te_version is None:
+        conditions.append(false())  # a te worker without TE runs nothing
     return conditions
 
 
 @wraps_driver_errors
 def renew_lease(
-    *, session: Session, trial_id: int, worker_id: str, lease: timedelta, now: datetime | None = None
+    *, session: Session, trial_id: int, worker_id: str, nonce: str, lease: timedelta, now: datetime | None = None
 ) -> datetime:
-    """Extend the worker's lease on a running trial to ``now + lease``; `LeaseLost` if it no longer holds it."""
+    """Extend the worker's lease on a running trial to ``now + lease``; `LeaseLost` if it no longer holds it
+    (``nonce`` is the claim's: `Claim.nonce`)."""
     now = now or utcnow()
     stmt = (
         update(Trial)
-        .where(Trial.id == trial_id, *_lease_held(worker_id, now))
+        .where(Trial.id == trial_id, *_lease_held(worker_id, nonce, now))
         .values(lease_expires_at=now + lease)
         .returning(Trial.lease_expires_at)
     )
     expires = session.scalars(stmt).one_or_none()
     if expires is None:
-        raise _lease_lost(session=session, trial_id=trial_id, worker_id=worker_id)
+        raise _lease_lost(session=session, trial_id=trial_id, worker_id=worker_id, nonce=nonce)
     session.commit()
     return expires
 
@@ -190,19 +199,21 @@ def complete_trial(
     session: Session,
     trial_id: int,
     worker_id: str,
+    nonce: str,
     measurement: Mapping[str, Any],
     now: datetime | None = None,
 ) -> Trial:
-    """Store the worker's measurement and mark the trial complete, if the worker still holds its lease.
+    """Store the worker's measurement and mark the trial complete, if the worker still holds its lease (the
+    one ``nonce`` was handed out with).
 
     A lease that ran out is lost even before `expire_leases` has run: from its expiry on, the controller is
     entitled to fail the trial and ask the config again, so a late result must not also count.
     """
     now = now or utcnow()
     values = {"state": TrialState.COMPLETE, "measurement": dict(measurement), "finished_at": now}
-    trial = _finish(session=session, trial_id=trial_id, conditions=_lease_held(worker_id, now), values=values)
+    trial = _finish(session=session, trial_id=trial_id, conditions=_lease_held(worker_id, nonce, now), values=values)
     if trial is None:
-        raise _lease_lost(session=session, trial_id=trial_id, worker_id=worker_id)
+        raise _lease_lost(session=session, trial_id=trial_id, worker_id=worker_id, nonce=nonce)
     _count(session=session, study_ids=[trial.study_id], counter=LayerStudy.n_complete)
     _worker_idle(session=session, worker_id=worker_id, now=now)
     session.commit()
@@ -211,24 +222,31 @@ def complete_trial(
 
 @wraps_driver_errors
 def fail_trial(
-    *, session: Session, trial_id: int, reason: str, worker_id: str | None = None, now: datetime | None = None
+    *,
+    session: Session,
+    trial_id: int,
+    reason: str,
+    worker_id: str | None = None,
+    nonce: str = "",
+    now: datetime | None = None,
 ) -> Trial:
     """Mark a trial failed with ``reason``.
 
-    With ``worker_id`` (a worker reporting its own failure) the worker must hold the lease, else `LeaseLost`.
+    With ``worker_id`` (a worker reporting its own failure) the worker must hold the lease ``nonce`` was
+    handed out with, else `LeaseLost`.
     Without it (the controller giving up on a trial) any waiting or running trial can be failed; failing one
     that already finished is a `Conflict`.
     """
     now = now or utcnow()
     values = {"state": TrialState.FAILED, "error": reason, "finished_at": now}
     if worker_id is None:
-        conditions = [Trial.state.in_((TrialState.WAITING, TrialState.RUNNING))]
+        conditions: list[ColumnElement[bool]] = [Trial.state.in_((TrialState.WAITING, TrialState.RUNNING))]
     else:
-        conditions = _lease_held(worker_id, now)
+        conditions = _lease_held(worker_id, nonce, now)
     trial = _finish(session=session, trial_id=trial_id, conditions=conditions, values=values)
     if trial is None:
         if worker_id is not None:
-            raise _lease_lost(session=session, trial_id=trial_id, worker_id=worker_id)
+            raise _lease_lost(session=session, trial_id=trial_id, worker_id=worker_id, nonce=nonce)
         current = get_trial(session=session, trial_id=trial_id)
         raise Conflict(f"trial {trial_id} is already {current.state.value}")
     _count(session=session, study_ids=[trial.study_id], counter=LayerStudy.n_failed)
@@ -259,8 +277,15 @@ def expire_leases(*, session: Session, now: datetime | None = None) -> list[Tria
     return trials
 
 
-def _lease_held(worker_id: str, now: datetime) -> list[ColumnElement[bool]]:
-    return [Trial.state == TrialState.RUNNING, Trial.worker_id == worker_id, Trial.lease_expires_at >= now]
+def _lease_held(worker_id: str, nonce: str, now: datetime) -> list[ColumnElement[bool]]:
+    """The trial runs under this worker's live lease, the one ``nonce`` came with (a stored hash is compared
+    in SQL: it is a hash of 256 random bits, so timing it tells nothing about the nonce)."""
+    return [
+        Trial.state == TrialState.RUNNING,
+        Trial.worker_id == worker_id,
+        Trial.lease_expires_at >= now,
+        Trial.lease_nonce_hash == secrets.digest(nonce),
+    ]
 
 
 def _finish(
@@ -276,13 +301,15 @@ def _finish(
     return session.scalars(stmt).one_or_none()
 
 
-def _lease_lost(*, session: Session, trial_id: int, worker_id: str) -> LeaseLost:
+def _lease_lost(*, session: Session, trial_id: int, worker_id: str, nonce: str) -> LeaseLost:
     """Explain why ``worker_id`` does not hold the trial (raises `NotFound` for an unknown trial)."""
     trial = get_trial(session=session, trial_id=trial_id)
     if trial.state != TrialState.RUNNING:
         why = f"it is {trial.state.value}" + (f" ({trial.error})" if trial.error else "")
     elif trial.worker_id != worker_id:
         why = f"it is leased to worker {trial.worker_id!r}"
+    elif not secrets.matches(nonce, trial.lease_nonce_hash):
+        why = "the lease nonce is not the one its claim handed out"
     else:
         why = f"the lease expired at {trial.lease_expires_at.isoformat() if trial.lease_expires_at else '?'}"
     return LeaseLost(f"worker {worker_id!r} does not hold trial {trial_id}: {why}")

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
+from storage import secrets
 from storage.errors import NotFound, wraps_driver_errors
 from storage.models import Backend, Worker, WorkerStatus, utcnow
 
@@ -29,9 +30,15 @@ def register_worker(
     gpu_model: str | None,
     n_gpus: int,
     backend: Backend,
+    te_version: str | None = None,
+    secret_hash: str | None = None,
     now: datetime | None = None,
 ) -> Worker:
-    """Register a worker process under a new id (a restarted worker registers again: its old row goes lost)."""
+    """Register a worker process under a new id (a restarted worker registers again: its old row goes lost).
+
+    ``secret_hash`` (`storage.secrets.issue`) is what the worker's calls are checked against; a worker
+    registered without one cannot authenticate over the API.
+    """
     now = now or utcnow()
     worker = Worker(
         id=str(uuid.uuid4()),
@@ -41,9 +48,11 @@ def register_worker(
         gpu_model=gpu_model,
         n_gpus=n_gpus,
         backend=Backend(backend),
+        te_version=te_version,
         status=WorkerStatus.IDLE,
         registered_at=now,
         last_heartbeat=now,
+        secret_hash=secret_hash,
     )
     session.add(worker)
     session.commit()
@@ -56,6 +65,12 @@ def get_worker(*, session: Session, worker_id: str) -> Worker:
     if worker is None:
         raise NotFound(f"worker {worker_id!r} not found")
     return worker
+
+
+@wraps_driver_errors
+def authenticate_worker(*, session: Session, worker_id: str, secret: str) -> bool:
+    """Whether ``secret`` is the one worker ``worker_id`` got at registration; `NotFound` for an unknown id."""
+    return secrets.matches(secret, get_worker(session=session, worker_id=worker_id).secret_hash)
 
 
 @wraps_driver_errors

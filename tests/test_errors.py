@@ -15,8 +15,10 @@ import pytest
 
 from autotune.cli.app import exit_code
 from autotune.client import ApiError, RequestRejected
+from autotune.load import NoTunedPreset
 from overlap_runtime.errors import AutotuneError, ConfigError, InputError, LeaseLost, ShapeError, TrialFailure
 from overlap_runtime.host_kernels import StreamError
+from overlap_runtime.shape import ModelShape
 from search_spaces.presets import PresetError
 from storage.errors import Conflict, NotFound, StorageError
 
@@ -35,6 +37,7 @@ SAMPLES: list[AutotuneError] = [
     ShapeError("seq", "must be positive", 0),
     ConfigError("num_sm", "must be at most 32", 33),
     PresetError("qkv_fprop.method", "must be ring_exchange", "bulk"),
+    NoTunedPreset("shape", "no tuned preset in presets/ matches", "hidden=64 tp=2 seq=32"),
     TrialFailure("hung: no answer within 180 s"),
     StreamError("flag word 3 stayed at 1 < 2 for 30 s"),
     LeaseLost("worker 'w' does not hold trial 3: it is complete"),
@@ -86,6 +89,7 @@ def test_every_exception_survives_pickling_with_its_fields(error: AutotuneError)
     ("error", "code"),
     [
         (PresetError("file", "is not valid YAML"), 2),
+        (NoTunedPreset("shape", "no tuned preset matches"), 2),
         (ShapeError("hidden", "must be divisible by tp=2", 63), 2),
         (RequestRejected(401, ITEMS), 2),
         (ApiError(404, ITEMS), 1),
@@ -104,19 +108,10 @@ def test_each_exception_has_one_exit_code_the_nearest_class_decides(error: BaseE
 
 
 def test_a_worker_renewing_a_trial_it_does_not_hold_gets_lease_lost(idle_service: Service) -> None:
-    auth = {"Authorization": f"Bearer {idle_service.token}"}
-    with httpx.Client(base_url=idle_service.url, headers=auth) as http, idle_service.client() as client:
-        holder, other = (
-            http.post("/v1/workers", json={"name": name, "host": "h", "backend": "cpu"}).json()["id"]
-            for name in ("holder", "other")
-        )
-        job = http.post("/v1/jobs", json={"shape": {"hidden": 64, "tp": 2, "mbs": 1, "seq": 32}, "backend": "cpu"})
-        assert job.status_code == 202, job.text
-
-        def claimed() -> dict | None:
-            response = http.post(f"/v1/workers/{holder}/claim")
-            return response.json() if response.status_code == httpx.codes.OK else None
-
-        trial = idle_service.wait_until(claimed, timeout_s=30, what="a trial to claim")["trial_id"]
-        with pytest.raises(LeaseLost, match=f"does not hold trial {trial}"):
-            client.renew(other, trial)
+    worker = {"host": "h", "backend": "cpu"}
+    with idle_service.client() as client:
+        holder, other = (client.register({"name": name, **worker}) for name in ("holder", "other"))
+        client.submit(shape=ModelShape(hidden=64, tp=2, mbs=1, seq=32), backend="cpu")
+        claim = idle_service.wait_until(lambda: client.claim(holder), timeout_s=30, what="a trial to claim")
+        with pytest.raises(LeaseLost, match=f"does not hold trial {claim.trial_id}"):
+            client.renew(other, claim)

@@ -33,6 +33,7 @@ from storage import (
     LayerStudy,
     NotFound,
     StorageError,
+    Trial,
     TrialPurpose,
     TrialState,
     Worker,
@@ -292,10 +293,10 @@ def test_an_expired_lease_fails_the_trial_once_and_loses_the_late_result(session
     worker = new_worker(session)
     study = new_study(session, new_job(session).id)
     (trial_id,) = queue(session, study.id, 1)
-    storage.claim_trial(session=session, worker_id=worker.id, lease=LEASE, now=T0)
+    nonce = storage.claim_trial(session=session, worker_id=worker.id, lease=LEASE, now=T0).nonce
 
     renewed = storage.renew_lease(
-        session=session, trial_id=trial_id, worker_id=worker.id, lease=LEASE, now=T0 + 20 * SEC
+        session=session, trial_id=trial_id, worker_id=worker.id, nonce=nonce, lease=LEASE, now=T0 + 20 * SEC
     )
     assert renewed == T0 + 50 * SEC
     assert storage.expire_leases(session=session, now=T0 + 40 * SEC) == []
@@ -306,10 +307,17 @@ def test_an_expired_lease_fails_the_trial_once_and_loses_the_late_result(session
 
     with pytest.raises(LeaseLost, match=r"it is failed \(lease expired \(worker lost\)\)"):
         storage.complete_trial(
-            session=session, trial_id=trial_id, worker_id=worker.id, measurement={"overlap_ms": 1.0}, now=T0 + 52 * SEC
+            session=session,
+            trial_id=trial_id,
+            worker_id=worker.id,
+            nonce=nonce,
+            measurement={"overlap_ms": 1.0},
+            now=T0 + 52 * SEC,
         )
     with pytest.raises(LeaseLost):
-        storage.renew_lease(session=session, trial_id=trial_id, worker_id=worker.id, lease=LEASE, now=T0 + 52 * SEC)
+        storage.renew_lease(
+            session=session, trial_id=trial_id, worker_id=worker.id, nonce=nonce, lease=LEASE, now=T0 + 52 * SEC
+        )
     assert storage.get_trial(session=session, trial_id=trial_id).measurement is None
 
 
@@ -317,28 +325,33 @@ def test_completing_needs_a_live_lease_held_by_the_reporting_worker(session: Ses
     mine, other = new_worker(session), new_worker(session)
     study = new_study(session, new_job(session).id)
     first, second, third = queue(session, study.id, 3)
-    storage.claim_trial(session=session, worker_id=mine.id, lease=LEASE, now=T0)
+    nonce = storage.claim_trial(session=session, worker_id=mine.id, lease=LEASE, now=T0).nonce
     result = {"gemm_ms": 1.0, "overlap_ms": 1.2, "exposed_ms": 0.2, "rel_err": 0.0}
 
-    with pytest.raises(LeaseLost, match="lease expired at"):  # stale: past its lease, reaper not yet run
-        storage.complete_trial(
-            session=session, trial_id=first, worker_id=mine.id, measurement=result, now=T0 + 31 * SEC
+    def complete(trial_id: int, worker_id: str, lease_nonce: str, at: datetime) -> Trial:
+        return storage.complete_trial(
+            session=session, trial_id=trial_id, worker_id=worker_id, nonce=lease_nonce, measurement=result, now=at
         )
-    with pytest.raises(LeaseLost, match=f"leased to worker '{mine.id}'"):
-        storage.complete_trial(session=session, trial_id=first, worker_id=other.id, measurement=result, now=T0)
-    with pytest.raises(NotFound):
-        storage.complete_trial(session=session, trial_id=10_000, worker_id=mine.id, measurement=result)
 
-    done = storage.complete_trial(
-        session=session, trial_id=first, worker_id=mine.id, measurement=result, now=T0 + 30 * SEC
-    )
+    with pytest.raises(LeaseLost, match="lease expired at"):  # stale: past its lease, reaper not yet run
+        complete(first, mine.id, nonce, T0 + 31 * SEC)
+    with pytest.raises(LeaseLost, match=f"leased to worker '{mine.id}'"):
+        complete(first, other.id, nonce, T0)
+    with pytest.raises(LeaseLost, match="nonce is not the one its claim handed out"):  # the holder's id, not its claim
+        complete(first, mine.id, "forged", T0)
+    with pytest.raises(NotFound):
+        complete(10_000, mine.id, nonce, T0)
+
+    done = complete(first, mine.id, nonce, T0 + 30 * SEC)
     assert (done.state, done.measurement, done.finished_at) == (TrialState.COMPLETE, result, T0 + 30 * SEC)
     with pytest.raises(LeaseLost, match="it is complete"):
-        storage.complete_trial(session=session, trial_id=first, worker_id=mine.id, measurement=result, now=T0)
+        complete(first, mine.id, nonce, T0)
     assert storage.get_worker(session=session, worker_id=mine.id).status == WorkerStatus.IDLE
 
-    storage.claim_trial(session=session, worker_id=mine.id, lease=LEASE, now=T0)
-    crashed = storage.fail_trial(session=session, trial_id=second, worker_id=mine.id, reason="NCCL hang", now=T0)
+    nonce = storage.claim_trial(session=session, worker_id=mine.id, lease=LEASE, now=T0).nonce
+    crashed = storage.fail_trial(
+        session=session, trial_id=second, worker_id=mine.id, nonce=nonce, reason="NCCL hang", now=T0
+    )
     assert (crashed.state, crashed.error) == (TrialState.FAILED, "NCCL hang")
     storage.fail_trial(session=session, trial_id=third, reason="job stopped early")  # controller, waiting trial
     with pytest.raises(Conflict, match="already complete"):

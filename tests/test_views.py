@@ -1,59 +1,83 @@
-"""The job view (`api.views.job_view`) on real SQLite and PostgreSQL: each slot's TE-exact winner so far, read
-from its completed trials, then the final one that its best config row holds."""
+"""A job's progress as the API shows it: done never exceeds total, and 100% comes with every trial planned done.
+
+The rows are real (SQLite); a slot's trial counters are set as the trials of an early-stopped or a
+finalist-extended search would leave them.
+"""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Iterator
 
-from conftest_tuner import measurement
+import pytest
 from sqlalchemy.orm import Session
 
 import storage
-from api.trial_rows import measurement_json
-from api.views import job_view
-from autotune.proposal import Proposal, Purpose
-from overlap_runtime.config import Method, OverlapConfig
+from api.views import UNFINISHED_CAP, job_view
 from overlap_runtime.shape import ModelShape
-from storage import Backend
+from storage import Backend, JobStatus
 
-pytest_plugins = ("conftest_storage",)  # session, on SQLite and on PostgreSQL
-
-SHAPE = ModelShape(hidden=8192, tp=2, seq=8192)
-OURS = OverlapConfig(method=Method.RING_EXCHANGE, use_ce=True, gemm="triton", num_max_streams=1)
-EXACT = OverlapConfig(method=Method.RING_EXCHANGE, use_ce=True, gemm="cublas", num_max_streams=2)
-SLOWER = OverlapConfig(method=Method.RING_EXCHANGE, use_ce=False, num_sm=8, gemm="cublas", num_max_streams=2)
+pytest_plugins = ("conftest_storage",)  # sqlite_url
 
 
-def measure(session: Session, study_id: int, number: int, times: dict[OverlapConfig, float]) -> None:
-    """A trial of ``times``' configs, claimed by a worker and completed with those overlap times."""
-    proposal = Proposal(number=number, configs=tuple(times), purpose=Purpose.SEARCH, repeats=5)
-    trial = storage.add_trial(session=session, study_id=study_id, optuna_trial_number=number, config=proposal.to_dict())
-    worker = storage.register_worker(
-        session=session, name="w", host="h", gpus=[{"name": "NVIDIA H200"}] * 2, gpu_model="NVIDIA H200", n_gpus=2,
-        backend=Backend.CUDA,
-    )  # fmt: skip
-    claim = storage.claim_trial(session=session, worker_id=worker.id, lease=timedelta(seconds=60))
-    assert claim is not None and claim.trial.id == trial.id
-    found = measurement_json([measurement(ms).to_dict() for ms in times.values()])
-    storage.complete_trial(session=session, trial_id=trial.id, worker_id=worker.id, measurement=found)
+@pytest.fixture
+def session(sqlite_url: str) -> Iterator[Session]:
+    engine = storage.create_engine_for(url=sqlite_url)
+    storage.upgrade(engine=engine)
+    with storage.session_factory(engine=engine)() as session:
+        yield session
+    engine.dispose()
 
 
-def test_a_slot_shows_its_fastest_te_exact_config_so_far_then_its_te_exact_winner(session: Session) -> None:
-    job = storage.create_job(session=session, shape=SHAPE, layers=["qkv_fprop"], n_trials=8, backend=Backend.CUDA)
-    study = storage.add_layer_study(session=session, job_id=job.id, slot="qkv_fprop", optuna_study_name="s")
-    (slot,) = job_view(session=session, job=job).slots
-    assert slot.te_exact is None
-    measure(session, study.id, 0, {OURS: 1.0, SLOWER: 1.5})  # a batch: only its TE-exact config counts here
-    measure(session, study.id, 1, {EXACT: 1.2})
-    (slot,) = job_view(session=session, job=job).slots
-    assert slot.te_exact is not None and not slot.te_exact.final
-    assert slot.te_exact.config.to_config() == EXACT and slot.te_exact.measurement["overlap_ms"] == 1.2
-    storage.upsert_best(
-        session=session, gpu="NVIDIA H200", shape=SHAPE, slot="qkv_fprop", config=OURS.to_dict(),
-        measurement=measurement(1.0).to_dict(), te_exact_config=SLOWER.to_dict(),
-        te_exact_measurement=measurement(1.1).to_dict(), job_id=job.id,
-    )  # fmt: skip
-    storage.set_job_status(session=session, job_id=job.id, status=storage.JobStatus.RUNNING)
-    (slot,) = job_view(session=session, job=storage.get_job(session=session, job_id=job.id)).slots
-    assert slot.best is not None and slot.best.final and slot.best.config.to_config() == OURS
-    assert slot.te_exact is not None and slot.te_exact.final and slot.te_exact.config.to_config() == SLOWER
+def _slot(session: Session, *, job_id: str, slot: str, ran: int, status: JobStatus) -> None:
+    study = storage.add_layer_study(session=session, job_id=job_id, slot=slot, optuna_study_name=f"s:{slot}")
+    study.n_complete, study.n_failed = ran - 1, 1
+    storage.update_layer_study(session=session, study_id=study.id, status=status)
+
+
+@pytest.mark.parametrize(
+    ("slots", "done", "total", "fraction"),
+    [
+        # The bug: both slots stopped early (42 and 30 of 60): the job is done, so is every trial it planned.
+        ({"qkv_fprop": (42, JobStatus.SUCCEEDED), "proj_fprop": (30, JobStatus.SUCCEEDED)}, 72, 72, 1.0),
+        # One slot decided early, one still searching.
+        (
+            {"qkv_fprop": (42, JobStatus.SUCCEEDED), "proj_fprop": (30, JobStatus.RUNNING)},
+            72,
+            102,
+            0.5 + 0.25 * UNFINISHED_CAP,
+        ),
+        # Finalists took a running slot past its 60: more done than n_trials, still not done.
+        (
+            {"qkv_fprop": (42, JobStatus.SUCCEEDED), "proj_fprop": (66, JobStatus.RUNNING)},
+            108,
+            108,
+            0.5 + 0.5 * UNFINISHED_CAP,
+        ),
+        # A slot decided in an earlier job's study runs nothing here.
+        ({"qkv_fprop": (1, JobStatus.SUCCEEDED), "proj_fprop": (1, JobStatus.SUCCEEDED)}, 2, 2, 1.0),
+    ],
+)
+def test_progress_never_passes_100_percent_and_reaches_it_with_every_planned_trial(
+    session: Session, slots: dict[str, tuple[int, JobStatus]], done: int, total: int, fraction: float
+) -> None:
+    job = storage.create_job(
+        session=session, shape=ModelShape(hidden=64, tp=2, seq=32), layers=list(slots), n_trials=60, backend=Backend.CPU
+    )
+    for slot, (ran, status) in slots.items():
+        _slot(session, job_id=job.id, slot=slot, ran=ran, status=status)
+    progress = job_view(session=session, job=job).progress
+    assert (progress.done, progress.total) == (done, total)
+    assert progress.fraction == pytest.approx(fraction, abs=1e-4)
+    assert progress.done <= progress.total and progress.fraction <= 1.0
+
+
+def test_a_queued_job_plans_n_trials_per_slot(session: Session) -> None:
+    job = storage.create_job(
+        session=session,
+        shape=ModelShape(hidden=64, tp=2, seq=32),
+        layers=["qkv_fprop", "fc2_fprop"],
+        n_trials=7,
+        backend=Backend.CPU,
+    )
+    progress = job_view(session=session, job=job).progress
+    assert (progress.done, progress.total, progress.fraction) == (0, 14, 0.0)

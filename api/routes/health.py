@@ -1,4 +1,9 @@
-"""``GET /healthz``: the process answers and its database does (a load balancer's readiness probe).
+"""``GET /healthz``: the process answers and its database does, reads and writes (a readiness probe).
+
+It tells the truth about writes: a read-only database or a full disk still answers reads, so the probe
+also writes one row (`storage.probe_write`) and answers 503 with ``"status": "degraded"`` and the public
+reason when that fails.  On SQLite a failed write first gives the WAL's space back
+(`storage.reclaim`) and tries once more, which is how a controller recovers once a full disk has room again.
 
 It also says who schedules: whether this process holds the scheduler lease, and who does.  Several
 controller processes answer on one address (replicas, ``serve --workers N``), so ``leading`` describes
@@ -7,28 +12,57 @@ whichever one answered, while ``leader`` is the same for all of them.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response, status
+from sqlalchemy.orm import Session
 
 import storage
 from api.deps import SettingsDep
-from api.schemas import HealthPublic
+from api.errors import RETRY_AFTER_S
+from api.schemas import ErrorPublic, HealthPublic
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-def healthz(request: Request, settings: SettingsDep) -> HealthPublic:
-    """200 with the schema revision when the database answers; 503 (a `StorageError`) when it does not."""
+@router.get(
+    "/healthz",
+    responses={503: {"model": HealthPublic | ErrorPublic, "description": "Writes fail (degraded), or reads too"}},
+)
+def healthz(request: Request, response: Response, settings: SettingsDep) -> HealthPublic:
+    """200 when the database answers and takes a write; 503 with ``"status": "degraded"`` and the reason
+    when it answers but writes fail; 503 (a `StorageError`) when it does not answer."""
     engine = request.app.state.engine
     with request.app.state.sessions() as session:
         leader = storage.get_leader(session=session, name=storage.SCHEDULER)
+        holder = None if leader is None else leader.holder  # read before the probe: a failed write expires it
+        problem = _write_problem(request, session)
+    if problem is not None:
+        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
     loop = request.app.state.scheduler
     return HealthPublic(
-        status="ok",
+        status="ok" if problem is None else "degraded",
+        writable=problem is None,
+        problem=problem,
         database=engine.dialect.name,
         revision=storage.current_revision(engine=engine),
         scheduler=settings.scheduler,
-        leading=loop is not None and leader is not None and leader.holder == loop.scheduler.leadership.holder,
-        leader=None if leader is None else leader.holder,
+        leading=loop is not None and holder is not None and holder == loop.scheduler.leadership.holder,
+        leader=holder,
         auth=settings.auth_required,
     )
+
+
+def _write_problem(request: Request, session: Session) -> str | None:
+    """None when a write commits; else the public reason, after giving SQLite's WAL space back once."""
+    try:
+        storage.probe_write(session=session)
+        return None
+    except storage.StorageError as first:
+        request.app.state.outage_log.warning("health", "writes fail: %s", first)
+        if not storage.reclaim(engine=request.app.state.engine):
+            return f"writes fail: {storage.public_reason(first)}"
+    try:
+        storage.probe_write(session=session)
+        return None
+    except storage.StorageError as e:
+        return f"writes fail: {storage.public_reason(e)}"

@@ -7,18 +7,21 @@ running finish and are kept, nothing new starts.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from sqlalchemy.orm import Session, sessionmaker
 
 import storage
-from api.deps import Authorized, SessionDep, SessionsDep, SettingsDep
+from api.deps import Authorized, SessionDep, SettingsDep
+from api.errors import error
+from api.events import RETRY_AFTER_S as STREAMS_RETRY_AFTER_S
+from api.events import JobFeed, StreamsFull, Subscription
 from api.schemas import ErrorPublic, JobAccepted, JobCreate, JobPublic, JobsPage, JobSummary, TrialsPage
 from api.views import job_view, trial_view
 from overlap_runtime.config import OverlapConfig
@@ -34,11 +37,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 Limit = Annotated[int, Query(ge=1, le=storage.page.MAX_PAGE_SIZE)]
 Offset = Annotated[int, Query(ge=0, le=1 << 31)]
 RETRY_AFTER_S = 2
-EVENT_POLL_S = 1.0
 EVENT_STREAM_MAX_S = 600.0
 """An event stream ends after this long (the browser reconnects): proxies and load balancers cut idle streams."""
 
-NOT_FOUND = {404: {"model": ErrorPublic, "description": "No job with this id"}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "description": "No job with this id"}}
 
 
 @router.post(
@@ -141,40 +143,54 @@ def list_trials(
     )
 
 
-def _existing_job(job_id: uuid.UUID, session: SessionDep) -> str:
-    """The job's id once it is known to exist, so an unknown id is a 404 before the event stream starts."""
-    return storage.get_job(session=session, job_id=str(job_id)).id
+async def _follow(job_id: uuid.UUID, request: Request) -> AsyncIterator[Subscription]:
+    """The stream's place in the controller's `JobFeed` for as long as the stream lasts: a 503 with
+    ``Retry-After`` at the bound on open streams, a 404 for an unknown job, both before the stream starts.
+    The existence check takes a connection for one read and gives it back (`_job_exists`)."""
+    feed: JobFeed = request.app.state.job_feed
+    try:
+        async with feed.follow(str(job_id)) as subscription:
+            await run_in_threadpool(_job_exists, request.app.state.sessions, str(job_id))
+            yield subscription
+    except StreamsFull as e:
+        raise HTTPException(
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail=[error("events", f"{e}: retry later", feed.max_streams)],
+            headers={"Retry-After": str(STREAMS_RETRY_AFTER_S)},
+        ) from None
 
 
-@router.get("/{job_id}/events", response_class=EventSourceResponse, responses=NOT_FOUND)
-async def job_events(
-    job: Annotated[str, Depends(_existing_job)], sessions: SessionsDep
-) -> AsyncIterator[ServerSentEvent]:
+def _job_exists(sessions: sessionmaker[Session], job_id: str) -> None:
+    with sessions() as session:
+        storage.get_job(session=session, job_id=job_id)
+
+
+@router.get(
+    "/{job_id}/events",
+    response_class=EventSourceResponse,
+    responses={**NOT_FOUND, 503: {"model": ErrorPublic, "description": "As many streams are open as allowed"}},
+)
+async def job_events(subscription: Annotated[Subscription, Depends(_follow)]) -> AsyncIterator[ServerSentEvent]:
     """Server-sent events: ``progress`` (the job view, as GET /v1/jobs/{id}) on every change, then ``done``.
 
     The stream ends when the job has finished, or after a while (clients reconnect) so idle proxies never
-    hold it open forever.
+    hold it open forever.  Waiting streams hold no database connection: one poller reads every followed job
+    (`api.events`).  A 503 with ``Retry-After`` answers a stream past ``AUTOTUNE_MAX_STREAMS``.
     """
-
-    def read() -> JobPublic:
-        with sessions() as session:
-            return job_view(session=session, job=storage.get_job(session=session, job_id=job))
-
     deadline = time.monotonic() + EVENT_STREAM_MAX_S
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            view = await run_in_threadpool(read)
-        except storage.StorageError as e:
-            yield ServerSentEvent(event="error", data={"field": "database", "rule": f"is unavailable: {e}"})
+    seen = 0
+    while (left := deadline - time.monotonic()) > 0:
+        update = await subscription.next(after=seen, timeout_s=left)
+        if update is None:
             return
-        if view != last:
-            yield ServerSentEvent(event="progress", data=view, id=str(view.progress.done))
-            last = view
-        if view.status not in ACTIVE_JOB_STATUSES:
-            yield ServerSentEvent(event="done", data={"id": view.id, "status": view.status})
+        seen = update.version
+        if update.view is None:
+            yield ServerSentEvent(event="error", data={"field": "database", "rule": update.error})
             return
-        await asyncio.sleep(EVENT_POLL_S)
+        yield ServerSentEvent(event="progress", data=update.view, id=str(update.view.progress.done))
+        if update.view.status not in ACTIVE_JOB_STATUSES:
+            yield ServerSentEvent(event="done", data={"id": update.view.id, "status": update.view.status})
+            return
 
 
 def _next(page: storage.Page) -> int | None:

@@ -1,31 +1,49 @@
 """Workers: register with a GPU inventory, heartbeat, claim a trial under a lease, renew it, report back.
 
-Workers hold no database credentials: everything goes through these endpoints with the controller's bearer
-token.  A claim is atomic in storage (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, a single ``UPDATE ...
-RETURNING`` on SQLite), so two workers never get the same trial.  A result is accepted only while the
-worker still holds the lease: once it has run out the controller may have asked the config again, and a
-late result must not count twice.
+Workers hold no database credentials.  They register with the clients' token and get a secret of their own
+in the answer; every later call of that worker carries the secret (`api.deps.require_worker`), so neither
+the shared token nor a worker id read from ``GET /v1/workers`` lets anyone speak for a worker.  A claim is
+atomic in storage (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, a single ``UPDATE ... RETURNING`` on SQLite),
+so two workers never get the same trial, and it hands out a nonce for that lease.  A renewal or result is
+accepted only from the worker that holds the lease, with the lease's nonce, while the lease is live: once
+it has run out the controller may have asked the config again, and a late result must not count twice.  A
+result is checked against physics before it is stored (`check_physical`): a time no GPU could produce is a
+422, never a best config.
 """
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response, status
 
 import storage
-from api.deps import Authorized, SessionDep, SettingsDep
-from api.schemas import ClaimPublic, ErrorPublic, LeasePublic, TrialPublicState, TrialReport, WorkerCreate, WorkerPublic
+from api.deps import Authorized, LeaseNonce, MetricsDep, SessionDep, SettingsDep, WorkerId
+from api.schemas import (
+    ClaimPublic,
+    ErrorPublic,
+    LeasePublic,
+    ProposalBody,
+    TrialPublicState,
+    TrialReport,
+    WorkerCreate,
+    WorkerCreated,
+    WorkerPublic,
+)
 from api.trial_rows import measurement_json, proposal_of
 from overlap_runtime.errors import InputError
-from storage import Backend
+from overlap_runtime.measurement import check_physical
+from storage import Backend, secrets
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 TrialId = Annotated[int, Path(ge=1, le=(1 << 31) - 1)]
-ERRORS = {401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}, 409: {"model": ErrorPublic}}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorPublic},
+    404: {"model": ErrorPublic},
+    409: {"model": ErrorPublic},
+}
 
 
 @router.get("")
@@ -35,8 +53,10 @@ def list_workers(session: SessionDep) -> list[WorkerPublic]:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Authorized], responses=ERRORS)
-def register_worker(body: WorkerCreate, session: SessionDep) -> WorkerPublic:
-    """Register a worker process; a restarted worker registers again and gets a new id."""
+def register_worker(body: WorkerCreate, session: SessionDep) -> WorkerCreated:
+    """Register a worker process; a restarted worker registers again and gets a new id.  The answer holds the
+    worker's ``secret``, shown this once: the worker's own calls authenticate with it."""
+    secret, secret_hash = secrets.issue()
     worker = storage.register_worker(
         session=session,
         name=body.name,
@@ -45,61 +65,73 @@ def register_worker(body: WorkerCreate, session: SessionDep) -> WorkerPublic:
         gpu_model=body.gpu_model,
         n_gpus=body.n_gpus,
         backend=Backend(body.backend),
+        te_version=body.te_version,
+        secret_hash=secret_hash,
     )
-    return WorkerPublic.model_validate(worker)
+    return WorkerCreated(**WorkerPublic.model_validate(worker).model_dump(), secret=secret)
 
 
-@router.post("/{worker_id}/heartbeat", dependencies=[Authorized], responses=ERRORS)
-def heartbeat(worker_id: uuid.UUID, session: SessionDep) -> WorkerPublic:
-    return WorkerPublic.model_validate(storage.heartbeat(session=session, worker_id=str(worker_id)))
+@router.post("/{worker_id}/heartbeat", responses=ERRORS)
+def heartbeat(worker_id: WorkerId, session: SessionDep) -> WorkerPublic:
+    return WorkerPublic.model_validate(storage.heartbeat(session=session, worker_id=worker_id))
 
 
 @router.post(
     "/{worker_id}/claim",
-    dependencies=[Authorized],
     response_model=ClaimPublic,
     responses={**ERRORS, 204: {"description": "Nothing this worker can run now"}},
 )
-def claim(worker_id: uuid.UUID, session: SessionDep, settings: SettingsDep) -> Response | ClaimPublic:
+def claim(worker_id: WorkerId, session: SessionDep, settings: SettingsDep) -> Response | ClaimPublic:
     """The oldest waiting trial this worker can run (backend, GPU model, tp), leased to it; 204 when none."""
-    got = storage.claim_trial(session=session, worker_id=str(worker_id), lease=timedelta(seconds=settings.lease_s))
+    got = storage.claim_trial(session=session, worker_id=worker_id, lease=timedelta(seconds=settings.lease_s))
     if got is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
+    assert got.trial.lease_expires_at is not None  # claim_trial leases what it returns
     return ClaimPublic(
         trial_id=got.trial.id,
         job_id=got.job.id,
         slot=got.study.slot,
         shape=got.job.shape,
         backend=got.job.backend.value,
-        proposal=got.trial.config,
+        proposal=ProposalBody.model_validate(got.trial.config),
         lease_expires_at=got.trial.lease_expires_at,
         lease_s=settings.lease_s,
+        lease_nonce=got.nonce,
     )
 
 
-@router.post("/{worker_id}/trials/{trial_id}/renew", dependencies=[Authorized], responses=ERRORS)
-def renew(worker_id: uuid.UUID, trial_id: TrialId, session: SessionDep, settings: SettingsDep) -> LeasePublic:
+@router.post("/{worker_id}/trials/{trial_id}/renew", responses=ERRORS)
+def renew(
+    worker_id: WorkerId, trial_id: TrialId, nonce: LeaseNonce, session: SessionDep, settings: SettingsDep
+) -> LeasePublic:
     """Extend the lease while measuring; 409 once the worker no longer holds it (drop the trial then)."""
     expires = storage.renew_lease(
-        session=session, trial_id=trial_id, worker_id=str(worker_id), lease=timedelta(seconds=settings.lease_s)
+        session=session, trial_id=trial_id, worker_id=worker_id, nonce=nonce, lease=timedelta(seconds=settings.lease_s)
     )
     return LeasePublic(lease_expires_at=expires)
 
 
-@router.post(
-    "/{worker_id}/trials/{trial_id}/result",
-    dependencies=[Authorized],
-    responses={**ERRORS, 422: {"model": ErrorPublic}},
-)
-def report(worker_id: uuid.UUID, trial_id: TrialId, body: TrialReport, session: SessionDep) -> TrialPublicState:
-    """Store the measurements (one per proposed config, in order) or the failure; 409 if the lease was lost."""
+@router.post("/{worker_id}/trials/{trial_id}/result", responses={**ERRORS, 422: {"model": ErrorPublic}})
+def report(
+    worker_id: WorkerId,
+    trial_id: TrialId,
+    nonce: LeaseNonce,
+    body: TrialReport,
+    session: SessionDep,
+    metrics: MetricsDep,
+) -> TrialPublicState:
+    """Store the measurements (one per proposed config, in order) or the failure; 409 if the lease was lost,
+    422 for a measurement no GPU could have made (`check_physical`, naming the field)."""
     given = [name for name in ("measurements", "failure") if name in body.model_fields_set]
     if len(given) != 1:
         raise InputError("measurements", "give exactly one of measurements and failure", given or None)
     if getattr(body, given[0]) is None:
         raise InputError(given[0], "must not be null")
     if body.failure is not None:
-        trial = storage.fail_trial(session=session, trial_id=trial_id, reason=body.failure, worker_id=str(worker_id))
+        trial = storage.fail_trial(
+            session=session, trial_id=trial_id, reason=body.failure, worker_id=worker_id, nonce=nonce
+        )
+        metrics.observe_trial(trial)
         return TrialPublicState(id=trial.id, state=trial.state.value)
     measurements = body.measurements or []
     expected = len(proposal_of(storage.get_trial(session=session, trial_id=trial_id)).configs)
@@ -107,10 +139,18 @@ def report(worker_id: uuid.UUID, trial_id: TrialId, body: TrialReport, session: 
         raise InputError(
             "measurements", f"must hold one measurement per proposed config ({expected})", len(measurements)
         )
+    dumped = [m.model_dump(exclude_unset=True) for m in measurements]
+    for index, data in enumerate(dumped):
+        try:
+            check_physical(data)
+        except InputError as e:
+            raise InputError(f"measurements.{index}.{e.field}", e.rule, e.value) from None
     trial = storage.complete_trial(
         session=session,
         trial_id=trial_id,
-        worker_id=str(worker_id),
+        worker_id=worker_id,
+        nonce=nonce,
         measurement=measurement_json([m.model_dump() for m in measurements]),
     )
+    metrics.observe_trial(trial)
     return TrialPublicState(id=trial.id, state=trial.state.value)

@@ -46,7 +46,9 @@ def submit(
     shape: ModelShape,
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,fc2_fprop)")] = "all",
     trials: Annotated[int | None, typer.Option(help="Trials per slot (controller default: 30)")] = None,
-    backend: Annotated[str | None, typer.Option(help="cpu | cuda (controller default)")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="cpu | cuda | te (measured through TransformerEngine; controller default)")
+    ] = None,
     gpu: JobGpu = None,
     follow: Annotated[bool, typer.Option("--follow", help="Then show progress until the job ends")] = False,
     controller: Controller = DEFAULT_CONTROLLER,
@@ -155,11 +157,11 @@ def best(
     for group in answer.results:
         columns = ("slot", "best config", "overlap ms", "serial ms", "hidden", "TE-exact config", "TE-exact ms")
         table = Table(*columns, title=f"{group.gpu} {group.shape_key}")
-        for layer in group.layers:
-            m, exact = layer.measurement or {}, layer.te_exact
+        for best in group.layers:
+            m, exact = best.measurement or {}, best.te_exact
             table.add_row(
-                layer.slot,
-                _config_text(layer.config),
+                best.slot,
+                _config_text(best.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
                 f"{m['hidden_frac']:.0%}" if m.get("hidden_frac") is not None else "-",
@@ -174,7 +176,11 @@ def export(
     shape: dict[str, object],
     gpu: Gpu = None,
     format: Annotated[
-        str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON): TE-exact winners | ours (our runtime's)")
+        str,
+        typer.Option(
+            "--format",
+            help="nemo (YAML) | te (ub_cfgs JSON) | bridge (Megatron-Bridge module): TE-exact winners | ours (our runtime's)",
+        ),
     ] = "nemo",
     out: Annotated[Path, typer.Option(help="File to write, or a folder for NVIDIA's file name")] = Path("."),
     controller: Controller = DEFAULT_CONTROLLER,

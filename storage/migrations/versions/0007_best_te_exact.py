@@ -1,7 +1,7 @@
 """Each best config row also keeps its slot's TE-exact winner.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-02
 
 ``te_exact_config`` is the fastest config that TE runs exactly as measured (`OverlapConfig.to_dict()`) and
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0004"
-down_revision: str | None = "0003"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | None = None
 depends_on: str | None = None
 

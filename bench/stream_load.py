@@ -1,0 +1,284 @@
+"""Event-stream flood: 200 open ``/v1/jobs/{id}/events`` streams plus 64 clients reading ``GET /v1/best``
+against one controller, while ``/healthz`` is sampled and synthetic workers drive the followed jobs.
+
+    python bench/stream_load.py --out bench/results/stream_load.json
+    python bench/stream_load.py --streams 50 --clients 16 --duration 5     # a quick look
+
+The controller is ``uvicorn --factory api.main:app_from_env`` (one process, its scheduler on) on a SQLite
+file seeded with the best configs of ``--shapes`` shapes (`bench.service_load.seed_best_configs`).  The
+load generator is one asyncio process: ``--jobs`` cpu jobs, each followed by ``--streams / --jobs`` event
+streams opened at once; ``--clients`` closed-loop clients asking ``/v1/best`` for the shapes in turn;
+``/healthz`` asked every ``HEALTH_EVERY_S`` on a connection of its own; and ``--workers`` synthetic workers
+speaking the real worker protocol (register, claim, report with the lease nonce) with plausible
+measurements, so the jobs make progress without measuring anything on this machine's cores.
+A stream passes when it saw its job's progress change (at least two ``progress`` events with a growing
+``done``) and, if its job finished in the run, the ``done`` event.  Errors: any answer that is not 200
+(204 for an empty claim), any stream that ended early or broke.
+Targets (issue 21): ``/healthz`` p99 at most 100 ms, no errors, every stream heard its job's progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.environment import environment
+from bench.service_load import TOKEN, _version, plan_cpus, query, seed_best_configs, serve, shapes
+
+HEALTH_EVERY_S = 0.1
+TARGET_HEALTH_P99_MS = 100.0
+SHAPE = {"hidden": 64, "tp": 2, "mbs": 1}
+"""The jobs' shape; job i tunes seq = 32 (i + 1), so each has a study of its own (jobs on one study wait)."""
+
+
+@dataclass(kw_only=True)
+class Tally:
+    """What the run saw: latencies per kind of request, errors by what failed, and each stream's events."""
+
+    latencies_ms: dict[str, list[float]] = field(default_factory=lambda: {"healthz": [], "best": []})
+    errors: dict[str, int] = field(default_factory=dict)
+    streams: list[dict[str, Any]] = field(default_factory=list)
+    reports: int = 0
+
+    def error(self, what: str) -> None:
+        self.errors[what] = self.errors.get(what, 0) + 1
+
+
+def measurement(rng: random.Random) -> dict[str, Any]:
+    """A plausible result (it passes the controller's physics check): the overlapped op a little slower
+    than its GEMM, hiding part of a shorter collective."""
+    gemm, comm = 1.0, 0.5
+    overlap = gemm + comm * rng.uniform(0.1, 0.9)
+    samples = [overlap * rng.uniform(0.99, 1.01) for _ in range(5)]
+    return {
+        "gemm_ms": gemm,
+        "comm_ms": comm,
+        "serial_ms": gemm + comm,
+        "overlap_ms": overlap,
+        "rel_err": 1e-3,
+        "cv": 0.005,
+        "repeats": len(samples),
+        "valid": True,
+        "samples": samples,
+        "exposed_ms": overlap - gemm,
+        "hidden_frac": 1 - (overlap - gemm) / comm,
+    }
+
+
+async def synthetic_worker(client: httpx.AsyncClient, index: int, stop: asyncio.Event, tally: Tally) -> None:
+    rng = random.Random(index)
+    body = {"name": f"synthetic{index}", "host": "bench", "backend": "cpu"}
+    worker = (await client.post("/v1/workers", json=body, headers={"Authorization": f"Bearer {TOKEN}"})).json()
+    mine = {"Authorization": f"Bearer {worker['secret']}"}
+    while not stop.is_set():
+        claimed = await client.post(f"/v1/workers/{worker['id']}/claim", headers=mine)
+        if claimed.status_code == 204:
+            await asyncio.sleep(0.2)
+            continue
+        if claimed.status_code != 200:
+            tally.error(f"claim {claimed.status_code}")
+            await asyncio.sleep(0.2)
+            continue
+        claim = claimed.json()
+        await asyncio.sleep(0.3)  # "measuring"
+        result = {"measurements": [measurement(rng) for _ in claim["proposal"]["configs"]]}
+        path = f"/v1/workers/{worker['id']}/trials/{claim['trial_id']}/result"
+        reported = await client.post(path, json=result, headers={**mine, "X-Lease-Nonce": claim["lease_nonce"]})
+        if reported.status_code == 200:
+            tally.reports += 1
+        else:
+            tally.error(f"result {reported.status_code}")
+
+
+async def follow(client: httpx.AsyncClient, job_id: str, tally: Tally) -> None:
+    seen: list[int] = []
+    finished, broken = False, None
+    try:
+        async with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+            if response.status_code != 200:
+                broken = f"HTTP {response.status_code}"
+            else:
+                event = None
+                async for line in response.aiter_lines():
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                        finished = finished or event == "done"
+                    elif line.startswith("data:") and event == "progress":
+                        seen.append(json.loads(line[5:])["progress"]["done"])
+                    elif line.startswith("data:") and event == "error":
+                        broken = line[5:].strip()
+    except (httpx.HTTPError, asyncio.CancelledError) as e:
+        if not isinstance(e, asyncio.CancelledError):
+            broken = f"{type(e).__name__}: {e}"
+    tally.streams.append({"job": job_id, "progress_done": seen, "finished": finished, "broken": broken})
+
+
+async def read_best(
+    client: httpx.AsyncClient, queries: list[dict[str, int]], start: int, stop: asyncio.Event, tally: Tally
+) -> None:
+    i = start
+    while not stop.is_set():
+        began = time.perf_counter()
+        try:
+            answer = await client.get("/v1/best", params=queries[i % len(queries)])
+            ok = answer.status_code == 200 and answer.json()["measured"]
+        except httpx.HTTPError:
+            ok = False
+        tally.latencies_ms["best"].append((time.perf_counter() - began) * 1000)
+        if not ok:
+            tally.error("best")
+        i += 1
+
+
+async def probe_health(url: str, stop: asyncio.Event, tally: Tally) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        while not stop.is_set():
+            began = time.perf_counter()
+            try:
+                ok = (await client.get("/healthz")).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            tally.latencies_ms["healthz"].append((time.perf_counter() - began) * 1000)
+            if not ok:
+                tally.error("healthz")
+            await asyncio.sleep(HEALTH_EVERY_S)
+
+
+async def run(url: str, *, args: argparse.Namespace, queries: list[dict[str, int]]) -> tuple[Tally, float]:
+    tally, stop = Tally(), asyncio.Event()
+    limits = httpx.Limits(max_connections=args.streams + args.clients + args.workers + 16)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        jobs = []
+        for i in range(args.jobs):
+            shape = {**SHAPE, "seq": 32 * (i + 1)}
+            body = {"shape": shape, "backend": "cpu", "layers": ["qkv_fprop"], "n_trials": args.trials}
+            jobs.append((await client.post("/v1/jobs", json=body, headers=auth)).json()["id"])
+        streams = [asyncio.create_task(follow(client, jobs[i % len(jobs)], tally)) for i in range(args.streams)]
+        await asyncio.sleep(1.0)  # every stream open and waiting before the rest starts
+        began = time.perf_counter()
+        tasks = [asyncio.create_task(probe_health(url, stop, tally))]
+        tasks += [asyncio.create_task(read_best(client, queries, i, stop, tally)) for i in range(args.clients)]
+        tasks += [asyncio.create_task(synthetic_worker(client, i, stop, tally)) for i in range(args.workers)]
+        await asyncio.sleep(args.duration)
+        stop.set()
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - began
+        await asyncio.wait(streams, timeout=5)  # streams whose job finished have ended; close the rest
+        for task in streams:
+            task.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+    return tally, elapsed
+
+
+def percentiles(values: list[float]) -> dict[str, float | int]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"n": 0}
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {
+        "n": len(ordered),
+        "p50_ms": at(0.5),
+        "p99_ms": at(0.99),
+        "max_ms": round(ordered[-1], 2),
+        "mean_ms": round(statistics.fmean(ordered), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=64, help="Closed-loop clients reading /v1/best")
+    parser.add_argument("--jobs", type=int, default=4, help="Jobs the streams follow (streams spread evenly)")
+    parser.add_argument("--trials", type=int, default=8, help="Trials per job (one slot)")
+    parser.add_argument("--workers", type=int, default=2, help="Synthetic workers driving the jobs")
+    parser.add_argument("--shapes", type=int, default=16, help="Shapes seeded for /v1/best")
+    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    for name in ("streams", "clients", "jobs", "trials", "workers", "shapes"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    asked = shapes(args.shapes)
+    queries = [query(s) for s in asked]
+    load_average = os.getloadavg()
+    plan = plan_cpus(server_workers=1, load_procs=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        db_url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+        seed_best_configs(db_url, asked)
+        env = {
+            **os.environ,
+            "AUTOTUNE_DB_URL": db_url,
+            "AUTOTUNE_TOKEN": TOKEN,
+            "XDG_DATA_HOME": tmp,
+            "AUTOTUNE_DEFAULT_BACKEND": "cpu",
+        }
+        proc, url = serve("api.main:app_from_env", env=env, workers=1, cpus=plan.server)
+        try:
+            os.sched_setaffinity(0, plan.load)
+            tally, elapsed = asyncio.run(run(url, args=args, queries=queries))
+        finally:
+            proc.terminate()
+            proc.wait()
+
+    health = percentiles(tally.latencies_ms["healthz"])
+    best = percentiles(tally.latencies_ms["best"])
+    heard = [s for s in tally.streams if len(set(s["progress_done"])) >= 2 and not s["broken"]]
+    broken = [s for s in tally.streams if s["broken"]]
+    errors = sum(tally.errors.values()) + len(broken)
+    report = {
+        "benchmark": "event-stream flood: open /v1/jobs/{id}/events streams plus closed-loop /v1/best clients, /healthz sampled, one controller on loopback",
+        "environment": environment(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_average],
+            "pinning": {"server": plan.server, "load": plan.load},
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            **{name: _version(name) for name in ("fastapi", "uvicorn", "sqlalchemy")},
+        },
+        "config": {k: v for k, v in vars(args).items() if k != "out"} | {"health_every_s": HEALTH_EVERY_S},
+        "elapsed_s": round(elapsed, 2),
+        "healthz": health,
+        "best": best | {"rps": round(best["n"] / elapsed, 1)},
+        "streams": {
+            "opened": args.streams,
+            "heard_progress": len(heard),
+            "saw_done": sum(s["finished"] for s in tally.streams),
+            "broken": len(broken),
+            "broken_examples": [s["broken"] for s in broken[:5]],
+        },
+        "worker_reports": tally.reports,
+        "errors": tally.errors | ({"streams": len(broken)} if broken else {}),
+        "targets": {"healthz_p99_ms": TARGET_HEALTH_P99_MS, "errors": 0, "streams_heard_progress": args.streams},
+        "meets_targets": health.get("p99_ms", float("inf")) <= TARGET_HEALTH_P99_MS
+        and errors == 0
+        and len(heard) == args.streams,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
