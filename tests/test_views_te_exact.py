@@ -35,7 +35,9 @@ def measure(session: Session, study_id: int, number: int, times: dict[OverlapCon
     claim = storage.claim_trial(session=session, worker_id=worker.id, lease=timedelta(seconds=60))
     assert claim is not None and claim.trial.id == trial.id
     found = measurement_json([measurement(ms).to_dict() for ms in times.values()])
-    storage.complete_trial(session=session, trial_id=trial.id, worker_id=worker.id, measurement=found)
+    storage.complete_trial(
+        session=session, trial_id=trial.id, worker_id=worker.id, nonce=claim.nonce, measurement=found
+    )
 
 
 def test_a_slot_shows_its_fastest_te_exact_config_so_far_then_its_te_exact_winner(session: Session) -> None:
