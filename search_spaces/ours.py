@@ -38,6 +38,9 @@ from search_spaces.catalog import SLOT_ORDER
 from search_spaces.te_dict import MEASURED_NUMBERS, measured_numbers
 from search_spaces.te_exact import is_te_exact
 
+FILE_PREFIX = "ours_"
+"""Every file of this format is named ``ours_...`` (`ours_file_name`), so a folder of preset files (what
+`autotune tune --out` writes) can tell it from the TE formats beside it."""
 FORMAT = "overlap-autotune-ours"
 VERSION = 1
 """Bump when a reader of version 1 would misread a file (a field renamed or given another meaning)."""
@@ -79,7 +82,7 @@ class OursPreset:
 def ours_file_name(preset: OursPreset) -> str:
     """``ours_{gpu}_{shape key}.yaml``, the GPU model in lower case with dashes (``ours_nvidia-h200_h8192_...``)."""
     gpu = re.sub(r"[^a-z0-9]+", "-", (preset.gpu or "unknown").lower()).strip("-")
-    return f"ours_{gpu}_{preset.shape.key}.yaml"
+    return f"{FILE_PREFIX}{gpu}_{preset.shape.key}.yaml"
 
 
 def write_ours(preset: OursPreset) -> str:
