@@ -27,11 +27,13 @@ from api.schemas import (
     OverlapConfigBody,
     ShapeLookup,
     TeEntryBody,
+    TeExactPublic,
 )
 from autotune.gpu import gpu_matches, preset_gpu_name
 from overlap_runtime.errors import InputError, ShapeError
+from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot, shape_fields
-from search_spaces import Preset, PresetRegistry, SlotResult, preset_from_results
+from search_spaces import OursPreset, OursSlot, Preset, PresetRegistry, SlotResult, preset_from_results
 from search_spaces.te_dict import te_entry
 from storage import BestConfig
 
@@ -101,10 +103,16 @@ def measured_groups(*, session: Session, query: ShapeQuery) -> list[BestGroup]:
 
 def _layer(row: BestConfig) -> BestLayer:
     outcome = (row.spread or {}).get("outcome")
+    te_exact = None
+    if row.te_exact_config is not None and row.te_exact_measurement is not None:
+        te_exact = TeExactPublic(
+            config=OverlapConfigBody.model_validate(row.te_exact_config), measurement=row.te_exact_measurement
+        )
     return BestLayer(
         slot=row.slot,
         config=OverlapConfigBody.model_validate(row.config),
         measurement=row.measurement,
+        te_exact=te_exact,
         outcome=None if outcome is None else OutcomePublic.model_validate(outcome),
         job_id=row.job_id,
         updated_at=row.updated_at,
@@ -141,13 +149,25 @@ def measured_preset(group: BestGroup) -> Preset:
     return preset_from_results(shape, results, gpu=preset_gpu_name(group.gpu))
 
 
+def measured_ours(group: BestGroup) -> OursPreset:
+    """A measured group's overall winners (our runtime's), in our own format (`search_spaces.ours`)."""
+    slots = {Slot(layer.slot): OursSlot.of(layer.config.to_config(), layer.measurement or {}) for layer in group.layers}
+    return OursPreset(shape=ModelShape(**group.shape), gpu=group.gpu, slots=slots)
+
+
 def _slot_result(layer: BestLayer) -> SlotResult:
     """The export input of one stored winner; without the tuner's outcome (a winner recorded by another writer,
     such as an older `autotune tune`), only the winner itself is known, and the export rule says so."""
     if layer.outcome is not None:
         return layer.outcome.to_outcome().slot_result()
     best_ms = (layer.measurement or {}).get("overlap_ms")
-    return SlotResult(best=layer.config.to_config(), best_ms=math.inf if best_ms is None else best_ms)
+    exact = layer.te_exact
+    return SlotResult(
+        best=layer.config.to_config(),
+        best_ms=math.inf if best_ms is None else best_ms,
+        te_exact=None if exact is None else exact.config.to_config(),
+        te_exact_measurement=None if exact is None else Measurement.from_dict(exact.measurement),
+    )
 
 
 def one_group(groups: list[BestGroup]) -> BestGroup:

@@ -50,6 +50,7 @@ from api.leadership import Leadership
 from api.logs import RateLimitedLog
 from api.trial_rows import fastest, measurements_of, proposal_of
 from autotune.gpu import CPU, model_of, results_gpu
+from autotune.outcome import te_exact_columns
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
 from overlap_runtime.config import DeviceLimits, OverlapConfig
@@ -332,6 +333,7 @@ class Scheduler:
             config=outcome.best.to_dict(),
             measurement=outcome.best_measurement.to_dict(),
             spread={"outcome": outcome.to_dict(), "trial_id": trial_id},
+            **te_exact_columns(outcome),
             job_id=job.id,
         )
         storage.update_layer_study(

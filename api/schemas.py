@@ -233,6 +233,9 @@ class SlotPublic(BaseModel):
     n_failed: int
     best: BestSoFar | None
     """The fastest valid config measured so far (the final winner once the slot has finished)."""
+    te_exact: BestSoFar | None = None
+    """The fastest valid config so far that TE runs exactly as measured (the slot's TE-exact winner once it has
+    finished); None while none was measured."""
 
 
 class JobSummary(BaseModel):
@@ -307,6 +310,9 @@ class OutcomePublic(BaseModel):
     best_overlap_measurement: dict[str, Any] | None = None
     te_default_measurement: dict[str, Any] | None = None
     """TE's default config re-measured with the finalists; None when it failed or was not run."""
+    te_exact: OverlapConfigBody | None = None
+    """The fastest config that TE runs exactly as measured; None when none ran correctly."""
+    te_exact_measurement: dict[str, Any] | None = None
     spread: float
     n_trials: int
     n_failed: int
@@ -335,8 +341,18 @@ class SlotAnswer(BaseModel, Generic[Config]):
     note: str | None = None
 
 
+class TeExactPublic(BaseModel):
+    """A slot's TE-exact winner: the fastest config TE runs exactly as measured, and that measurement."""
+
+    config: OverlapConfigBody
+    measurement: dict[str, Any]
+
+
 class BestLayer(SlotAnswer[OverlapConfigBody]):
-    """A stored winner of a slot, as measured."""
+    """A stored winner of a slot, as measured: the overall winner (our runtime's) in ``config``."""
+
+    te_exact: TeExactPublic | None = None
+    """The slot's TE-exact winner, what the TE exports carry; None when none was measured."""
 
 
 class NearestLayer(SlotAnswer[TeEntryBody]):

@@ -7,10 +7,11 @@ tests all read them back through here so the layout lives in one place.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.proposal import Proposal
+from overlap_runtime.config import OverlapConfig
 from overlap_runtime.measurement import Measurement
 from storage import Trial
 
@@ -28,10 +29,15 @@ def measurements_of(trial: Trial) -> list[Measurement]:
     return [Measurement.from_dict(m) for m in (trial.measurement or {}).get("measurements", [])]
 
 
-def fastest(trial: Trial) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(config, measurement) of the trial's fastest valid measurement, as JSON; None if it has none."""
+def fastest(
+    trial: Trial, *, where: Callable[[OverlapConfig], bool] = lambda config: True
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(config, measurement) of the trial's fastest valid measurement of a config ``where`` accepts, as JSON;
+    None if it has none."""
     pairs = [
-        (config, m) for config, m in zip(proposal_of(trial).configs, measurements_of(trial), strict=False) if m.valid
+        (config, m)
+        for config, m in zip(proposal_of(trial).configs, measurements_of(trial), strict=False)
+        if m.valid and where(config)
     ]
     if not pairs:
         return None

@@ -21,7 +21,9 @@ from api.schemas import (
 )
 from api.trial_rows import fastest
 from overlap_runtime.shape import ModelShape
-from storage import BestConfig, Job, JobStatus, LayerStudy, Trial
+from search_spaces.te_exact import is_te_exact
+from storage import BestConfig, Job, JobStatus, LayerStudy, Trial, TrialState
+from storage.page import MAX_PAGE_SIZE
 
 UNFINISHED_CAP = 0.99
 """A slot that ran all its trials still owes its finalists: progress shows 99% until it is decided."""
@@ -30,14 +32,16 @@ UNFINISHED_CAP = 0.99
 def job_view(*, session: Session, job: Job) -> JobPublic:
     """The job, its progress and each slot's best config so far (the final winner once decided)."""
     studies = storage.list_layer_studies(session=session, job_id=job.id)
-    winners = _winners(session=session, job=job)
+    rows = _winner_rows(session=session, job=job)
+    exact_so_far = _te_exact_so_far(session=session, job=job) if len(rows) < len(studies) else {}
     slots = [
         SlotPublic(
             slot=study.slot,
             status=study.status.value,
             n_complete=study.n_complete,
             n_failed=study.n_failed,
-            best=winners.get(study.slot) or _best_so_far(session=session, study=study),
+            best=_winner(rows[study.slot]) if study.slot in rows else _best_so_far(session=session, study=study),
+            te_exact=_te_exact_winner(rows[study.slot]) if study.slot in rows else exact_so_far.get(study.id),
         )
         for study in studies
     ]
@@ -76,13 +80,13 @@ def _progress(*, job: Job, studies: list[LayerStudy]) -> Progress:
     return Progress(done=done, total=total, fraction=round(fraction, 4))
 
 
-def _winners(*, session: Session, job: Job) -> dict[str, BestSoFar]:
-    """The slots this job has decided, from the best configs it wrote (a later job may since have replaced them)."""
+def _winner_rows(*, session: Session, job: Job) -> dict[str, BestConfig]:
+    """The best config rows this job wrote, per slot it decided (a later job may since have replaced them)."""
     if job.status == JobStatus.QUEUED:
         return {}
     shape = ModelShape(**job.shape)
     rows = storage.get_best(session=session, shape=shape, dtype=shape.dtype)
-    return {row.slot: _winner(row) for row in rows if row.job_id == job.id}
+    return {row.slot: row for row in rows if row.job_id == job.id}
 
 
 def _winner(row: BestConfig) -> BestSoFar:
@@ -90,6 +94,37 @@ def _winner(row: BestConfig) -> BestSoFar:
     return BestSoFar(
         trial_id=trial_id, config=OverlapConfigBody.model_validate(row.config), measurement=row.measurement, final=True
     )
+
+
+def _te_exact_winner(row: BestConfig) -> BestSoFar | None:
+    if row.te_exact_config is None or row.te_exact_measurement is None:
+        return None
+    config = OverlapConfigBody.model_validate(row.te_exact_config)
+    return BestSoFar(trial_id=None, config=config, measurement=row.te_exact_measurement, final=True)
+
+
+def _te_exact_so_far(*, session: Session, job: Job) -> dict[int, BestSoFar]:
+    """Per study of the job, the fastest valid TE-exact measurement of its completed trials so far."""
+    tp = ModelShape(**job.shape).tp
+    found: dict[int, tuple[float, BestSoFar]] = {}
+    offset = 0
+    while True:
+        page = storage.list_trials(
+            session=session, job_id=job.id, state=TrialState.COMPLETE, limit=MAX_PAGE_SIZE, offset=offset
+        )
+        for trial in page.items:
+            best = fastest(trial, where=lambda config: is_te_exact(config, tp))
+            if best is None:
+                continue
+            config, measurement = best
+            ms, held = measurement.get("overlap_ms"), found.get(trial.study_id)
+            if ms is not None and (held is None or ms < held[0]):
+                body = OverlapConfigBody.model_validate(config)
+                so_far = BestSoFar(trial_id=trial.id, config=body, measurement=measurement, final=False)
+                found[trial.study_id] = (ms, so_far)
+        offset += len(page.items)
+        if not page.items or offset >= page.total:
+            return {study_id: so_far for study_id, (_, so_far) in found.items()}
 
 
 def _best_so_far(*, session: Session, study: LayerStudy) -> BestSoFar | None:

@@ -23,7 +23,7 @@ from rich.progress import Progress, TaskID
 from sqlalchemy import Engine
 
 from autotune.gpu import device_gpu_name, preset_gpu_name, results_gpu
-from autotune.outcome import SlotOutcome
+from autotune.outcome import SlotOutcome, te_exact_columns
 from autotune.proposal import Proposal, Purpose
 from autotune.studies import SlotStudy
 from overlap_runtime.config import Method, OverlapConfig
@@ -34,6 +34,7 @@ from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import tunable_slots
 from search_spaces.export import preset_from_results
 from search_spaces.nemo_yaml import preset_file_name, write_nemo
+from search_spaces.ours import OursPreset, OursSlot, ours_file_name, write_ours
 from search_spaces.presets import Preset
 from search_spaces.te_dict import to_te_dict
 from storage import create_engine_for, session_factory, upgrade, upsert_best
@@ -145,7 +146,10 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     files: tuple[Path, ...] = ()
     if decided:
         results = {slot: outcome.slot_result() for slot, outcome in decided.items()}
-        files = _write_preset(preset_from_results(shape, results, gpu=preset_gpu_name(gpu)), request.out)
+        ours = OursPreset(
+            shape=shape, gpu=gpu, slots={s: OursSlot.of(o.best, o.best_measurement) for s, o in decided.items()}
+        )
+        files = _write_preset(preset_from_results(shape, results, gpu=preset_gpu_name(gpu)), ours, request.out)
         _record_best(engine=engine, gpu=gpu, shape=shape, outcomes=decided)
     engine.dispose()
     return TuneReport(shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files)
@@ -193,13 +197,16 @@ def _advance(bars: Progress, task: TaskID, study: SlotStudy, proposal: Proposal)
     bars.update(task, completed=done, description=f"{study.slot.value} ({progress.phase})")
 
 
-def _write_preset(preset: Preset, out: Path) -> tuple[Path, ...]:
+def _write_preset(preset: Preset, ours: OursPreset, out: Path) -> tuple[Path, ...]:
+    """The TE-exact winners as NeMo YAML and a TE ub_cfgs dict, the overall winners in our own format."""
     out.mkdir(parents=True, exist_ok=True)
     yaml_path = out / preset_file_name(preset)
     yaml_path.write_text(write_nemo(preset), encoding="utf-8")
     te_path = yaml_path.with_suffix(".json")
     te_path.write_text(json.dumps(to_te_dict(preset), indent=2) + "\n", encoding="utf-8")
-    return yaml_path, te_path
+    ours_path = out / ours_file_name(ours)
+    ours_path.write_text(write_ours(ours), encoding="utf-8")
+    return yaml_path, te_path, ours_path
 
 
 def _record_best(*, engine: Engine, gpu: str, shape: ModelShape, outcomes: dict[Slot, SlotOutcome]) -> None:
@@ -213,4 +220,5 @@ def _record_best(*, engine: Engine, gpu: str, shape: ModelShape, outcomes: dict[
                 config=outcome.best.to_dict(),
                 measurement=outcome.best_measurement.to_dict(),
                 spread={"cv": outcome.spread, "repeats": outcome.best_measurement.repeats},
+                **te_exact_columns(outcome),
             )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.measurement import Measurement
@@ -35,6 +35,10 @@ class SlotOutcome:
     """Configs measured during the search (baselines included, duplicates and finalists not)."""
     n_failed: int
     """Of those, configs that crashed, hung or computed wrong numbers."""
+    te_exact: OverlapConfig | None = None
+    """The fastest valid config that TE runs exactly as measured (`search_spaces.te_exact`): what the TE
+    exports carry; may equal best; None when no TE-exact config ran correctly."""
+    te_exact_measurement: Measurement | None = None
     notes: tuple[str, ...] = ()
     """Why a baseline was skipped, why the finalists were not re-measured, ..."""
 
@@ -58,6 +62,8 @@ class SlotOutcome:
             best_ms=self.best_measurement.overlap_ms,
             best_overlap=self.best_overlap,
             best_overlap_ms=None if overlap is None else overlap.overlap_ms,
+            te_exact=self.te_exact,
+            te_exact_measurement=self.te_exact_measurement,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,6 +74,8 @@ class SlotOutcome:
             "best_overlap": _optional(self.best_overlap),
             "best_overlap_measurement": _optional(self.best_overlap_measurement),
             "te_default_measurement": _optional(self.te_default_measurement),
+            "te_exact": _optional(self.te_exact),
+            "te_exact_measurement": _optional(self.te_exact_measurement),
             "spread": self.spread,
             "n_trials": self.n_trials,
             "n_failed": self.n_failed,
@@ -88,11 +96,25 @@ class SlotOutcome:
             best_overlap=None if data.get("best_overlap") is None else OverlapConfig.from_dict(data["best_overlap"]),
             best_overlap_measurement=measurement("best_overlap_measurement"),
             te_default_measurement=measurement("te_default_measurement"),
+            te_exact=None if data.get("te_exact") is None else OverlapConfig.from_dict(data["te_exact"]),
+            te_exact_measurement=measurement("te_exact_measurement"),
             spread=float(data["spread"]),
             n_trials=int(data["n_trials"]),
             n_failed=int(data["n_failed"]),
             notes=tuple(data.get("notes", ())),
         )
+
+
+class TeExactColumns(TypedDict):
+    te_exact_config: dict[str, Any] | None
+    te_exact_measurement: dict[str, Any] | None
+
+
+def te_exact_columns(outcome: SlotOutcome) -> TeExactColumns:
+    """The TE-exact winner as `storage.upsert_best` takes it (``te_exact_config``, ``te_exact_measurement``)."""
+    return TeExactColumns(
+        te_exact_config=_optional(outcome.te_exact), te_exact_measurement=_optional(outcome.te_exact_measurement)
+    )
 
 
 def _saved(before_ms: float, after_ms: float) -> float:

@@ -12,8 +12,21 @@ from rich.table import Table
 from autotune.local import TuneReport
 from autotune.outcome import SlotOutcome
 
-COLUMNS = ("slot", "method", "knobs", "overlap ms", "exposed ms", "hidden", "vs TE", "vs serial", "spread", "trials")
-""""vs TE": gain over TE's default config; "trials": configs measured (failed ones in brackets)."""
+COLUMNS = (
+    "slot",
+    "method",
+    "knobs",
+    "overlap ms",
+    "exposed ms",
+    "hidden",
+    "vs TE",
+    "vs serial",
+    "spread",
+    "trials",
+    "TE-exact ms",
+)
+""""vs TE": gain over TE's default config; "trials": configs measured (failed ones in brackets); "TE-exact ms":
+the slot's TE-exact winner (what the NeMo YAML and TE dict carry), "=" when it is the winner itself."""
 
 
 def outcome_table(report: TuneReport) -> Table:
@@ -41,7 +54,14 @@ def _cells(outcome: SlotOutcome) -> list[str]:
         _gain(outcome.gain_vs_serial),
         f"{100 * outcome.spread:.1f}%",
         f"{outcome.n_trials} ({outcome.n_failed})",
+        _te_exact(outcome),
     ]
+
+
+def _te_exact(outcome: SlotOutcome) -> str:
+    if outcome.te_exact is None or outcome.te_exact_measurement is None:
+        return "none"
+    return "=" if outcome.te_exact == outcome.best else f"{outcome.te_exact_measurement.overlap_ms:.4g}"
 
 
 def _gain(share: float | None) -> str:

@@ -11,28 +11,37 @@
    ``group`` for the conditional space and constant liar so that parallel workers spread out.  A config the
    study already knows is never proposed again: TPE's proposal of one is added to the study at once as a
    finished trial holding the known result (Optuna's recipe for duplicates, so TPE learns from it), and TPE
-   asks again, `MAX_DUPLICATES` times, before a local move (or a random untried config) is taken instead.
+   asks again, `MAX_DUPLICATES` times, before a local move (or a random untried config) is taken instead;
+4. but while fewer than `TE_EXACT_SHARE` of the configs tried are TE-exact (`autotune.te_subspace`), the turn
+   that would be TPE's goes to the TE-exact subspace instead: the TE twin of a leader (the TE-exact config
+   nearest to the best config of one of the `TOP_K` fastest families), else every other time a local move
+   around the best TE-exact configs, else a second TPE over the TE-exact trials alone, walking only
+   TE-exact choices (random for its first `TPE_STARTUP`), or a random untried TE-exact config.  Each slot keeps two
+   winners (the overall one, and the best config TE runs exactly as measured, which the TE exports carry);
+   the reserve makes the second one tuned, not a by-product of a search drawn to our runtime's own knobs.
 
 It proposes whole configs: its relative search space is every param of the space (`autotune.params`) and
 `sample_relative` returns the chosen config's params, which the trial's define-by-run walk reads back.  It reads
 only what Optuna stores (params, states, values, and the ``duplicate_of`` mark of the trials it added), so
-it works on any study whose params are the space's, and it keeps no state but its random generators: a
-restarted controller gets the same rhythm from the trials.
+it works on any study whose params are the space's, and it keeps no state but its random generators and
+the TE-exact model's copy of the TE-exact trials (filled from the study's trials as they come): a restarted
+controller gets the same rhythm from the trials.  One sampler serves one study.
 """
 
 from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.exceptions import ExperimentalWarning
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
+from optuna.storages import InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.finalists import TOP_K
@@ -40,10 +49,11 @@ from autotune.history import CONFIG, DUPLICATE_OF, FAILURE, PURPOSE
 from autotune.neighbours import family, neighbours
 from autotune.params import config_of, distributions, params_of, walk
 from autotune.proposal import Purpose
+from autotune.te_subspace import TeSubspace, among
 from overlap_runtime.config import OverlapConfig
 from search_spaces.space import SlotSpace
 
-__all__ = ["LOCAL_AFTER", "LOCAL_EVERY", "MAX_DUPLICATES", "TPE_STARTUP", "SlotSampler"]
+__all__ = ["LOCAL_AFTER", "LOCAL_EVERY", "MAX_DUPLICATES", "TE_EXACT_SHARE", "TPE_STARTUP", "SlotSampler"]
 
 MAX_DUPLICATES = 3
 """TPE proposals of known configs in a row before a local move (or, with none left, a random untried config)."""
@@ -53,6 +63,15 @@ LOCAL_EVERY = 3
 """Every third config after `LOCAL_AFTER` is a local move around the best, not TPE's."""
 LOCAL_AFTER = 8
 """Configs known before the first local move: the baselines plus TPE's start-up."""
+TE_EXACT_SHARE = 0.4
+"""The least share of a study's configs that are TE-exact.  The TE-exact subspace is an eighth to a third of
+a CUDA space (H200, h8192: 25 of 118 configs for qkv_fprop at tp 2, 41 of 318 at tp 8, 40 of 127 for a bulk
+wgrad slot, 129 of 604 for qkv_dgrad at tp 8), and TPE, drawn to the Triton GEMM, the fused ring, copy-engine
+bulk and one-stream rings where our runtime is faster, visits it less than that: replaying the six recorded
+H200 landscapes (10 seeds, default budget), the best TE-exact config the search alone finds is 16% off the
+TE-exact optimum on average (50% on h4096 proj_fprop); with this reserve but no twins 7.9%, with the twins
+1.8%.  Four in ten of the default 30 trials is 12: the TE-exact baselines (TE's default, NVIDIA's preset),
+the twins of the leaders, the TE model's start-up and a few model-guided or local ones."""
 FIXED_PARAMS = "fixed_params"
 """The system attr where Optuna keeps an enqueued trial's params until the trial is asked."""
 
@@ -115,6 +134,14 @@ class SlotSampler(BaseSampler):
             # Its start-up is ours (`_walk_model`): TPE counts completed trials once per trial, so it would
             # miss the duplicates told since.
             self._tpe = TPESampler(n_startup_trials=0, multivariate=True, group=True, constant_liar=True, seed=seed)
+            # The TE-exact model sees only the finished TE-exact trials, copied into a study of its own
+            # (`_te_model`), so no liar: the untried check keeps parallel workers apart.
+            self._te_tpe = TPESampler(n_startup_trials=0, multivariate=True, group=True, constant_liar=False, seed=seed)
+        self._te = TeSubspace.of(space)
+        self._te_distributions = self._te.distributions()
+        self._te_study: optuna.Study | None = None
+        self._te_told: set[int] = set()
+        """Numbers of the study's trials already copied into ``_te_study``."""
 
     # --- Optuna's sampler interface ------------------------------------------------------------------------
 
@@ -142,6 +169,7 @@ class SlotSampler(BaseSampler):
 
     def reseed_rng(self) -> None:
         self._tpe.reseed_rng()
+        self._te_tpe.reseed_rng()
         self._startup.reseed_rng()
         self._rng.seed()
 
@@ -160,6 +188,10 @@ class SlotSampler(BaseSampler):
             move = self._local_move(tried)
             if move is not None:
                 return move
+        if self._te_turn(tried):
+            proposal = self._te_proposal(trial, tried)
+            if proposal is not None:
+                return proposal
         return self._untried_model_proposal(study, trial, tried)
 
     @staticmethod
@@ -168,24 +200,22 @@ class SlotSampler(BaseSampler):
         the rhythm)."""
         return len(tried) >= LOCAL_AFTER and len(tried) % LOCAL_EVERY == 0
 
-    def _local_move(self, tried: Tried) -> OverlapConfig | None:
+    def _local_move(
+        self, tried: Tried, *, within: TeSubspace | None = None, turn: int | None = None
+    ) -> OverlapConfig | None:
         """An untried config one knob away from the best config of one of the `TOP_K` fastest families so far
-        (`autotune.neighbours.family`), taken in turn; None if none is left.
+        (`autotune.neighbours.family`), taken in turn (``turn``, by default the local turns so far); None if
+        none is left.  ``within``: only the configs of that subspace count, as leaders and as moves.
 
         Polishing only the overall best never leaves its family: on h5120 s2048 proj_fprop (H200 landscape)
         the fused ring led at 1.09x the optimum, and the optimum, a copy-engine ring on cuBLAS with one
         stream, sat one knob away from the copy-engine ring on our GEMM (1.24x) that no move started from."""
-        leaders: dict[tuple, OverlapConfig] = {}
-        for config in tried.ranked():
-            leaders.setdefault(family(config), config)
-            if len(leaders) == TOP_K:
-                break
-        if not leaders:
+        ordered = _leaders(tried, within=within)
+        if not ordered:
             return None
-        ordered = list(leaders.values())
-        start = (len(tried) // LOCAL_EVERY) % len(ordered)
+        start = (len(tried) // LOCAL_EVERY if turn is None else turn) % len(ordered)
         for config in ordered[start:] + ordered[:start]:
-            untried = [c for c in neighbours(self.space, config) if c not in tried]
+            untried = [c for c in neighbours(self.space, config) if c not in tried and (within is None or c in within)]
             if untried:
                 return self._rng.choice(untried)
         return None
@@ -240,3 +270,86 @@ class SlotSampler(BaseSampler):
             )
         )
         return complete
+
+    # --- the TE-exact reserve ---------------------------------------------------------------------------------
+
+    def _te_turn(self, tried: Tried) -> bool:
+        """Whether the next config must be TE-exact to keep `TE_EXACT_SHARE` of the configs tried TE-exact."""
+        if not self._te:
+            return False
+        return self._te_count(tried) < TE_EXACT_SHARE * (len(tried) + 1)
+
+    def _te_count(self, tried: Tried) -> int:
+        return sum(config in self._te for config in tried.trials)
+
+    def _te_proposal(self, trial: FrozenTrial, tried: Tried) -> OverlapConfig | None:
+        """An untried TE-exact config: every other time after the TE-exact start-up (`TPE_STARTUP` configs), a
+        local move around the best TE-exact config of one of the `TOP_K` fastest families, taken in turn; else
+        the TE-exact model's (random for its start-up), asked `MAX_DUPLICATES` times, then a local move or a
+        random untried one; None when every TE-exact config is known.  More local moves than the overall
+        search makes: the TE-exact search has fewer trials to find its optimum with."""
+        done = [(c, t) for c, t in tried.trials.items() if c in self._te and t.state == TrialState.COMPLETE]
+        count = self._te_count(tried)
+        twin = self._te_twin(tried)
+        if twin is not None:
+            return twin
+        if count >= TPE_STARTUP and count % 2 == 0:
+            move = self._local_move(tried, within=self._te, turn=count // 2)
+            if move is not None:
+                return move
+        model = self._te_model(done, trial) if len(done) >= TPE_STARTUP else dict
+        for _ in range(MAX_DUPLICATES):
+            relative = model()
+            config = self._te.walk(partial(self._pick, relative))
+            if config not in tried:
+                return config
+        untried = [c for c in self._te.configs if c not in tried]
+        if not untried:
+            return None
+        return self._local_move(tried, within=self._te, turn=count) or self._rng.choice(untried)
+
+    def _te_twin(self, tried: Tried) -> OverlapConfig | None:
+        """The untried TE twin (`TeSubspace.twin`: the TE-exact config nearest to it) of the best config of one
+        of the `TOP_K` fastest families so far; None when each has none or it is known."""
+        for leader in _leaders(tried):
+            twin = self._te.twin(leader)
+            if twin is not None and twin not in tried:
+                return twin
+        return None
+
+    def _pick(self, relative: dict[str, Any], name: str, allowed: tuple) -> Any:
+        """TPE's relative choice for ``name`` where it is still allowed, else a random allowed one."""
+        return relative[name] if among(relative.get(name), allowed) else self._rng.choice(allowed)
+
+    def _te_model(
+        self, done: Sequence[tuple[OverlapConfig, FrozenTrial]], trial: FrozenTrial
+    ) -> Callable[[], dict[str, Any]]:
+        """TPE's joint sampler over the TE-exact trials alone: they are copied (once each) into a study of
+        their own whose distributions are the TE-exact choices, so the model neither learns from nor
+        proposes knob values TE does not run."""
+        if self._te_study is None:
+            self._te_study = optuna.create_study(
+                storage=InMemoryStorage(), direction="minimize", sampler=RandomSampler()
+            )  # never asked: the sampler only keeps Optuna from building a TPE of its own
+        for config, finished in done:
+            if finished.number in self._te_told:
+                continue
+            params = params_of(self.space, config)
+            dists: dict[str, BaseDistribution] = {name: self._te_distributions[name] for name in params}
+            self._te_study.add_trial(create_trial(params=params, distributions=dists, value=finished.value))
+            self._te_told.add(finished.number)
+        study = self._te_study
+        space = self._te_tpe.infer_relative_search_space(study, trial)
+        return lambda: self._te_tpe.sample_relative(study, trial, space)
+
+
+def _leaders(tried: Tried, *, within: TeSubspace | None = None) -> list[OverlapConfig]:
+    """The best config of each of the `TOP_K` fastest families (`autotune.neighbours.family`) so far, fastest
+    first; ``within``: of that subspace's configs only."""
+    leaders: dict[tuple, OverlapConfig] = {}
+    for config in tried.ranked():
+        if within is None or config in within:
+            leaders.setdefault(family(config), config)
+        if len(leaders) == TOP_K:
+            break
+    return list(leaders.values())

@@ -13,7 +13,8 @@ restarts rebuilds a `SlotStudy` by constructing it again with the same storage a
    ``patience`` completed trials, or when every config of the space has been measured; never before as
    many configs as there are baselines, so the baselines run whatever the budget.
 4. Finalists (`autotune.finalists`): once nothing is outstanding, one more trial holds the finalist batch:
-   the configs (study user attr ``finalists``) are re-measured interleaved with more repeats.  Its
+   the configs (study user attr ``finalists``: the fastest overall and the fastest TE-exact ones, no overlap,
+   TE's default) are re-measured interleaved with more repeats, and decide both winners of the slot.  Its
    proposal number is that trial's number like any other; it runs without params and, once told, takes
    the winner's params and re-measured time, so every COMPLETE trial of a study holds the params of a config
    of its space, or none and the mark of a config outside it (`autotune.history.OUTSIDE`).
@@ -386,7 +387,7 @@ class SlotStudy:
         stored = self._study.user_attrs.get(_FINALISTS)
         if stored is None:
             stored = {
-                "configs": [c.to_dict() for c in choose_finalists(history)],
+                "configs": [c.to_dict() for c in choose_finalists(history, tp=self.shape.tp)],
                 "stopped": self._stop_reason(history),
             }
             self._study.set_user_attr(_FINALISTS, stored)
@@ -445,6 +446,7 @@ class SlotStudy:
             slot=self.slot,
             candidates=list(candidates),
             te_default=None if te is None else te.config,
+            tp=self.shape.tp,
             n_trials=len(history.measured),
             n_failed=len(history.failed),
             notes=[*context, *notes],

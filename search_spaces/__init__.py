@@ -9,6 +9,7 @@ from search_spaces.catalog import CATALOG, SlotInfo, off_switch, search_methods,
 from search_spaces.defaults import as_runnable, te_default
 from search_spaces.export import SlotResult, preset_from_results
 from search_spaces.nemo_yaml import parse_file_name, parse_nemo, preset_file_name, read_nemo, te_file_name, write_nemo
+from search_spaces.ours import OursPreset, OursSlot, load_ours, ours_file_name, write_ours
 from search_spaces.preset_files import parse_te_json, presets_in, read_preset
 from search_spaces.presets import Preset, PresetError, PresetWarning
 from search_spaces.registry import PresetRegistry, distance, nearest, nvidia_presets
@@ -19,6 +20,8 @@ __all__ = [
     "CATALOG",
     "TE_KEYS",
     "ModelShape",
+    "OursPreset",
+    "OursSlot",
     "Param",
     "Preset",
     "PresetError",
@@ -31,9 +34,11 @@ __all__ = [
     "as_runnable",
     "bridge_file_name",
     "distance",
+    "load_ours",
     "nearest",
     "nvidia_presets",
     "off_switch",
+    "ours_file_name",
     "parse_bridge",
     "parse_file_name",
     "parse_nemo",
@@ -55,4 +60,5 @@ __all__ = [
     "tunable_slots",
     "write_bridge",
     "write_nemo",
+    "write_ours",
 ]

@@ -1,5 +1,11 @@
 """From per-slot tuning results to a preset, under the export rule (docs/export.md).
 
+Each slot exports its TE-exact winner: the fastest config TE runs exactly as measured
+(`search_spaces.te_exact`), with its measurement, so the entry's number is the one a TE user gets and no
+"measured with ..." caveat applies.  A slot without a TE-exact measurement exports the nearest TE entry to its
+overall winner and says so first.  The overall winner, our runtime's, is exported in our own format
+(`search_spaces.ours`).
+
 NeMo/Megatron YAML and TE's ub_cfgs cannot switch one slot off (a slot left out gets TE's defaults, which
 overlap).  So when no overlap (`Method.NONE`) wins a slot, the preset still carries the slot's best overlap
 config, and its note says that no overlap was faster, by how much, and which switch turns that overlap
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 
 from overlap_runtime.config import Method, OverlapConfig, uses_rs_dgrad
 from overlap_runtime.errors import InputError
+from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import RS_DGRAD_WGRAD, off_switch, slot_info
 from search_spaces.presets import Preset
@@ -23,7 +30,8 @@ from search_spaces.te_exact import te_deviations
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SlotResult:
-    """The outcome of tuning one slot: the best config overall and the best one that overlaps."""
+    """The outcome of tuning one slot: the best config overall, the best one that overlaps, and the best one
+    TE runs exactly as measured."""
 
     best: OverlapConfig
     """The fastest valid config, `Method.NONE` included."""
@@ -31,8 +39,13 @@ class SlotResult:
     best_overlap: OverlapConfig | None = None
     """The fastest valid config that overlaps (what the preset carries when none wins); may equal best."""
     best_overlap_ms: float | None = None
+    te_exact: OverlapConfig | None = None
+    """The fastest valid TE-exact config (`te_exact.is_te_exact`): what the preset carries; None when none ran."""
+    te_exact_measurement: Measurement | None = None
 
     def __post_init__(self) -> None:
+        if (self.te_exact is None) != (self.te_exact_measurement is None):
+            raise InputError("te_exact_measurement", "must be given with te_exact", self.te_exact_measurement)
         if (self.best_overlap is None) != (self.best_overlap_ms is None):
             raise InputError("best_overlap_ms", "must be given with best_overlap", self.best_overlap_ms)
         if self.best_overlap is not None and self.best_overlap.method == Method.NONE:
@@ -40,10 +53,19 @@ class SlotResult:
 
 
 def preset_from_results(shape: ModelShape, results: Mapping[Slot, SlotResult], *, gpu: str | None = None) -> Preset:
-    """The preset a tuning job exports: each slot's winner as a TE entry, with the export rule's notes."""
+    """The preset a tuning job exports: each slot's TE-exact winner with its measurement (else the nearest TE
+    entry to its winner, saying so), with the export rule's notes.  InputError for a ``te_exact`` that TE does
+    not run as measured."""
     configs: dict[Slot, OverlapConfig] = {}
     notes: dict[Slot, str] = {}
+    measurements: dict[Slot, Measurement] = {}
     for slot, result in ((Slot(s), r) for s, r in results.items()):
+        if result.te_exact is not None and result.te_exact_measurement is not None:
+            configs[slot] = te_config(slot, _exact(result.te_exact, shape.tp))
+            measurements[slot] = result.te_exact_measurement
+            _note(notes, slot, _te_exact_note(slot, result, result.te_exact, result.te_exact_measurement))
+            continue
+        _note(notes, slot, NO_TE_EXACT)
         chosen = result.best
         if chosen.method == Method.NONE:
             if result.best_overlap is None or result.best_overlap_ms is None:
@@ -73,7 +95,41 @@ def preset_from_results(shape: ModelShape, results: Mapping[Slot, SlotResult], *
                 notes[wgrad] = (
                     f"left out: TE refuses a {wgrad.value} entry while {dgrad.value} uses {method} (reduce-scatter dgrad)"
                 )
-    return Preset(configs=configs, shape=shape, gpu=gpu, dtype=shape.dtype, notes=notes)
+    return Preset(configs=configs, shape=shape, gpu=gpu, dtype=shape.dtype, notes=notes, measurements=measurements)
+
+
+NO_TE_EXACT = (
+    "no TE-exact config was measured for this slot: this entry is the nearest TE config to our runtime's winner"
+)
+"""The note that opens a slot exported without a TE-exact measurement (a winner stored before both winners
+were kept, or a slot where no TE-exact config ran correctly)."""
+
+
+def measured_text(measurement: Measurement) -> str:
+    """A measurement's numbers on one line, as the export's notes give them."""
+    return (
+        f"overlap {measurement.overlap_ms:.4g} ms, serial {measurement.serial_ms:.4g} ms, "
+        f"exposed {measurement.exposed_ms:.3g} ms, spread {measurement.cv:.1%} over {measurement.repeats} repeats"
+    )
+
+
+def _exact(config: OverlapConfig, tp: int) -> OverlapConfig:
+    differs = te_deviations(config, tp)
+    if differs:
+        raise InputError("te_exact", f"must be a config TE runs as measured, but it has {differs[0]}", config.to_dict())
+    return config
+
+
+def _te_exact_note(slot: Slot, result: SlotResult, config: OverlapConfig, measurement: Measurement) -> str:
+    """The TE-exact winner's numbers, and what beat it: no overlap (with the switch), or our runtime's winner."""
+    text = f"TE-exact: {measured_text(measurement)}"
+    te_ms = measurement.overlap_ms
+    if result.best.method == Method.NONE and result.best_ms < te_ms:
+        return f"{text}; {_none_won(slot, config.method, none_ms=result.best_ms, overlap_ms=te_ms)}"
+    if result.best != config and result.best_ms < te_ms:
+        share = 100.0 * (te_ms - result.best_ms) / te_ms if te_ms > 0 else 0.0
+        return f"{text}; our runtime's winner ran {result.best_ms:.4g} ms ({share:.1f}% faster, export format ours)"
+    return text
 
 
 def _note(notes: dict[Slot, str], slot: Slot, text: str) -> None:

@@ -15,6 +15,7 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 from search_spaces.bridge import read_bridge
 from search_spaces.nemo_yaml import parse_file_name, read_nemo, read_text
+from search_spaces.ours import FILE_PREFIX as OURS_FILE_PREFIX
 from search_spaces.presets import Preset, PresetError
 from search_spaces.te_dict import parse_ub_cfgs
 
@@ -56,6 +57,11 @@ def parse_te_json(text: str, *, name: str | None = None) -> Preset:
 
 
 def presets_in(folder: str | Path) -> list[Preset]:
-    """Every preset file directly in ``folder`` (NVIDIA's layout, or what `autotune tune --out` wrote), by name."""
-    files = sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix in SUFFIXES)
+    """Every preset file directly in ``folder`` (NVIDIA's layout, or what `autotune tune --out` wrote), by name;
+    our own format's files (`search_spaces.ours`, our runtime's winners, no TE preset) are left out."""
+    files = sorted(
+        p
+        for p in Path(folder).iterdir()
+        if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith(OURS_FILE_PREFIX)
+    )
     return [read_preset(p) for p in files]

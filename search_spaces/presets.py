@@ -16,6 +16,7 @@ from types import MappingProxyType
 from overlap_runtime.config import DEFAULTS, Method, OverlapConfig, uses_rs_dgrad
 from overlap_runtime.errors import InputError
 from overlap_runtime.knobs import RUNTIME_ONLY_KNOBS
+from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import DTYPES, ModelShape, Slot
 from search_spaces.catalog import (
     ATOMIC_PAIRS,
@@ -50,6 +51,9 @@ class Preset:
     """The dtype the preset names (bf16, fp8); None when its name does not say."""
     notes: Mapping[Slot, str] = field(default_factory=dict)
     """Remarks per slot, e.g. that no overlap beat the slot's config and which switch turns it off."""
+    measurements: Mapping[Slot, Measurement] = field(default_factory=dict)
+    """Per slot, the measurement of its entry exactly as TE runs it (a TE-exact winner's); slots without one
+    are left out (a preset read from a file, an entry TE runs otherwise than it was measured)."""
     source: str | None = None
     """Where the preset came from (a file name); not part of its content."""
 
@@ -72,6 +76,8 @@ class Preset:
         object.__setattr__(self, "configs", MappingProxyType(ordered))
         notes = {to_slot(slot): note for slot, note in self.notes.items()}
         object.__setattr__(self, "notes", MappingProxyType({s: notes[s] for s in SLOT_ORDER if s in notes}))
+        measured = {to_slot(slot): m for slot, m in self.measurements.items()}
+        object.__setattr__(self, "measurements", MappingProxyType({s: measured[s] for s in ordered if s in measured}))
 
     @property
     def empty(self) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 from overlap_runtime.config import DEFAULTS, Method, OverlapConfig
 from overlap_runtime.knobs import BY_NAME, RUNTIME_ONLY_KNOBS, TE_KEYS, TE_MAX_SMS, TE_METHODS, Kind, te_used
+from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import Slot
 from search_spaces.catalog import AG, PL, RS, RX, collective, slot_info, suggest
 from search_spaces.presets import Preset, PresetError, PresetWarning, check_method, to_slot
@@ -196,7 +197,8 @@ def to_te_dict(preset: Preset) -> dict[str, dict[str, Any]]:
 
 
 def preset_json(preset: Preset) -> dict[str, Any]:
-    """The normalized view of a preset: shape, GPU, dtype, TE's effective ub_cfgs and the notes."""
+    """The normalized view of a preset: shape, GPU, dtype, TE's effective ub_cfgs, the notes, and the numbers
+    measured for each entry exactly as TE runs it (`MEASURED_NUMBERS`)."""
     shape = None
     if preset.shape is not None:
         shape = {f.name: getattr(preset.shape, f.name) for f in dataclasses.fields(preset.shape) if f.init}
@@ -206,4 +208,16 @@ def preset_json(preset: Preset) -> dict[str, Any]:
         "dtype": preset.dtype,
         "ub_cfgs": to_te_dict(preset),
         "notes": {slot.value: note for slot, note in preset.notes.items()},
+        "measurements": {slot.value: measured_numbers(m) for slot, m in preset.measurements.items()},
     }
+
+
+MEASURED_NUMBERS = ("overlap_ms", "serial_ms", "gemm_ms", "comm_ms", "exposed_ms", "hidden_frac", "cv", "repeats")
+"""What an export says of a measurement: the times and the spread, not the raw repeats."""
+
+
+def measured_numbers(measurement: Measurement | Mapping[str, Any]) -> dict[str, Any]:
+    """The `MEASURED_NUMBERS` of ``measurement`` or of its `Measurement.to_dict()` (None for a number that is
+    not finite or not there)."""
+    full = measurement.to_dict() if isinstance(measurement, Measurement) else measurement
+    return {name: full.get(name) for name in MEASURED_NUMBERS}

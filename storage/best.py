@@ -1,5 +1,8 @@
 """The best config per (GPU model, shape, slot): what ``GET /v1/best`` and the preset export read.
 
+Each row holds two winners: the fastest config overall (our runtime's) and the fastest that TE runs exactly
+as measured (``te_exact_*``, what the TE exports carry), or NULL where the job measured none.
+
 The tuner decides which trial won; `upsert_best` records that verdict, replacing the previous winner for the
 same key (a newer job re-measured on the same GPU model is the better-informed answer).  The upsert is one
 ``INSERT ... ON CONFLICT DO UPDATE``, so two jobs finishing the same shape at once cannot both insert.
@@ -15,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 from storage.errors import wraps_driver_errors
 from storage.models import BestConfig, utcnow
@@ -30,10 +34,16 @@ def upsert_best(
     config: Mapping[str, Any],
     measurement: Mapping[str, Any],
     spread: Mapping[str, Any] | None = None,
+    te_exact_config: Mapping[str, Any] | None = None,
+    te_exact_measurement: Mapping[str, Any] | None = None,
     job_id: str | None = None,
     now: datetime | None = None,
 ) -> BestConfig:
-    """Record ``config`` as the winner of ``slot`` for ``shape`` on ``gpu`` (the model name, "cpu" for the CPU backend)."""
+    """Record ``config`` as the winner of ``slot`` for ``shape`` on ``gpu`` (the model name, "cpu" for the CPU
+    backend), and ``te_exact_config`` as its TE-exact winner (None: the job measured none; it replaces any
+    earlier one too, so both winners always come from the same job)."""
+    if (te_exact_config is None) != (te_exact_measurement is None):
+        raise InputError("te_exact_measurement", "must be given with te_exact_config", te_exact_measurement)
     row = {
         "gpu": gpu,
         "shape_key": shape.key,
@@ -47,12 +57,15 @@ def upsert_best(
         "config": dict(config),
         "measurement": dict(measurement),
         "spread": None if spread is None else dict(spread),
+        "te_exact_config": None if te_exact_config is None else dict(te_exact_config),
+        "te_exact_measurement": None if te_exact_measurement is None else dict(te_exact_measurement),
         "job_id": job_id,
         "updated_at": now or utcnow(),
     }
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     stmt = insert(BestConfig).values(row)
-    replaced = {name: stmt.excluded[name] for name in ("config", "measurement", "spread", "job_id", "updated_at")}
+    kept = ("config", "measurement", "spread", "te_exact_config", "te_exact_measurement", "job_id", "updated_at")
+    replaced = {name: stmt.excluded[name] for name in kept}
     stmt = stmt.on_conflict_do_update(index_elements=["gpu", "shape_key", "slot"], set_=replaced)
     best = session.scalars(stmt.returning(BestConfig), execution_options={"populate_existing": True}).one()
     session.commit()

@@ -214,6 +214,10 @@ class BestConfig(Base):
     measurement: Mapped[dict[str, Any]]
     spread: Mapped[dict[str, Any] | None]
     """How much the winner's repeated measurements varied (e.g. cv, p20/p80 over finalist re-runs)."""
+    te_exact_config: Mapped[dict[str, Any] | None]
+    """The slot's second winner: the fastest config TE runs exactly as measured (`search_spaces.te_exact`);
+    None when none was measured."""
+    te_exact_measurement: Mapped[dict[str, Any] | None]
     job_id: Mapped[str | None] = mapped_column(ForeignKey(f"{TABLE_PREFIX}jobs.id", ondelete="SET NULL"))
     updated_at: Mapped[datetime]
 

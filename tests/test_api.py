@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import yaml
+from conftest_tuner import measurement
 
 import storage
 from api.settings import Settings
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.errors import InputError
-from overlap_runtime.shape import ModelShape
-from search_spaces import bridge_file_name, parse_bridge, preset_json
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces import bridge_file_name, load_ours, parse_bridge, preset_json
+from search_spaces.export import NO_TE_EXACT
 
 if TYPE_CHECKING:
     from conftest_service import Service
@@ -292,6 +294,53 @@ def test_each_shape_filter_given_narrows_the_measured_answer(http: httpx.Client,
     assert keys(gated="true") == keys(ffn_hidden=192) == keys(ffn_hidden=192, gated="true") == [gated.key]
     assert keys(gated="false") == keys(ffn_hidden=256) == [plain.key]
     assert keys(ffn_hidden=192, gated="false") == keys(dtype="fp8") == keys(gpu="A100") == []
+
+
+def test_best_carries_each_slots_te_exact_winner_or_null_and_the_exports_follow_it(
+    http: httpx.Client, idle_service: Service
+) -> None:
+    shape = ModelShape(hidden=64, tp=2, seq=256)
+    ours = OverlapConfig(method="ring_exchange", use_ce=True, gemm="triton", num_max_streams=1)
+    exact = OverlapConfig(method="ring_exchange", use_ce=True, gemm="cublas", num_max_streams=2)
+    times, exact_times = measurement(1.0).to_dict(), measurement(1.2).to_dict()
+    engine = storage.create_engine_for(url=idle_service.db_url)
+    try:
+        with storage.session_factory(engine=engine)() as session:
+            for slot, te_exact in (("qkv_fprop", exact), ("fc1_fprop", None)):
+                storage.upsert_best(
+                    session=session,
+                    gpu="NVIDIA H200",
+                    shape=shape,
+                    slot=slot,
+                    config=ours.to_dict(),
+                    measurement=times,
+                    te_exact_config=None if te_exact is None else te_exact.to_dict(),
+                    te_exact_measurement=None if te_exact is None else exact_times,
+                )
+    finally:
+        engine.dispose()
+    query = {"hidden": 64, "tp": 2, "seq": 256}
+    (group,) = http.get("/v1/best", params=query).json()["results"]
+    layers = {layer["slot"]: layer for layer in group["layers"]}
+    assert OverlapConfig.from_dict(layers["qkv_fprop"]["config"]) == ours
+    assert OverlapConfig.from_dict(layers["qkv_fprop"]["te_exact"]["config"]) == exact
+    assert layers["qkv_fprop"]["te_exact"]["measurement"] == exact_times
+    assert layers["fc1_fprop"]["te_exact"] is None
+    te = http.get("/v1/presets", params={**query, "format": "te"}).json()
+    assert te["measurements"]["qkv_fprop"]["overlap_ms"] == 1.2 and "fc1_fprop" not in te["measurements"]
+    assert "measured with" not in te["notes"]["qkv_fprop"]
+    assert te["notes"]["fc1_fprop"].startswith(NO_TE_EXACT)
+    nemo = http.get("/v1/presets", params=query).text
+    assert "# qkv_fprop: TE-exact: overlap 1.2 ms" in nemo and f"# fc1_fprop: {NO_TE_EXACT}" in nemo
+    mine = http.get("/v1/presets", params={**query, "format": "ours"})
+    assert mine.status_code == 200 and mine.headers["content-type"].startswith("application/yaml")
+    assert 'filename="ours_nvidia-h200_' in mine.headers["content-disposition"]
+    loaded = load_ours(mine.text)
+    assert (loaded.shape, loaded.gpu) == (shape, "NVIDIA H200")
+    assert {s.value: e.config for s, e in loaded.slots.items()} == {"qkv_fprop": ours, "fc1_fprop": ours}
+    assert loaded.slots[Slot.QKV_FPROP].measured["overlap_ms"] == 1.0 and not loaded.te_exact(Slot.QKV_FPROP)
+    unmeasured = http.get("/v1/presets", params={"hidden": 64, "tp": 2, "seq": 512, "format": "ours"})
+    assert unmeasured.status_code == 404 and errors_of(unmeasured)[0]["field"] == "format"
 
 
 def test_a_shape_query_te_cannot_run_is_a_422(http: httpx.Client) -> None:

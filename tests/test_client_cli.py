@@ -21,8 +21,11 @@ from api.schemas import BestLayer
 from autotune import NoTunedPreset, load_ub_cfgs
 from autotune.cli.app import app
 from autotune.cli.client import SLOWER_NOTE, _slower_than_serial
-from overlap_runtime.shape import ModelShape
-from search_spaces import parse_bridge, parse_nemo, to_te_dict
+from overlap_runtime.config import OverlapConfig
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces import load_ours, parse_bridge, parse_nemo, to_te_dict
+from search_spaces.export import NO_TE_EXACT
+from search_spaces.te_exact import is_te_exact
 
 if TYPE_CHECKING:
     from click.testing import Result
@@ -45,11 +48,14 @@ def run(service: Service, *args: str, token: str | None = "default") -> Result:
     return CliRunner().invoke(app, list(args), env=env)
 
 
-def tune_through_the_cli(service: Service, *shape_args: str) -> str:
-    """Submit one tiny job (qkv_fprop, 3 trials), follow it to the end through the CLI, return its id."""
+def tune_through_the_cli(
+    service: Service, *shape_args: str, layers: tuple[str, ...] = ("--layers", "qkv_fprop")
+) -> str:
+    """Submit one tiny job (qkv_fprop unless ``layers`` says otherwise, 3 trials), follow it to the end
+    through the CLI, return its id."""
     submitted = CliRunner().invoke(
         app,
-        ["submit", *shape_args, "--layers", "qkv_fprop", "--trials", "3", "--backend", "cpu"],
+        ["submit", *shape_args, *layers, "--trials", "3", "--backend", "cpu"],
         env={"AUTOTUNE_CONTROLLER": service.url, "AUTOTUNE_TOKEN": service.token},
     )
     assert submitted.exit_code == 0, submitted.output
@@ -103,6 +109,46 @@ def test_load_ub_cfgs_asks_the_controller(cpu_service: Service, finished_job: st
     assert load_ub_cfgs(shape=ModelShape(**shape), source=cpu_service.url, token=cpu_service.token) == ub_cfgs
     with pytest.raises(NoTunedPreset, match=r"the nearest tuned shape is h64_tp2_mbs1_seq\d+_.* doublings away, job "):
         load_ub_cfgs(shape={**shape, "seq": 128}, source=cpu_service.url, token=cpu_service.token)
+
+
+@pytest.mark.slow
+def test_best_shows_both_winners_and_each_export_carries_its_own(
+    cpu_service: Service, finished_job: str, tmp_path: Path
+) -> None:
+    best = run(cpu_service, "best", *SHAPE_ARGS, "--json")
+    (layer,) = json.loads(best.stdout)["results"][0]["layers"]
+    overall, exact = OverlapConfig.from_dict(layer["config"]), layer["te_exact"]
+    assert exact is not None and is_te_exact(OverlapConfig.from_dict(exact["config"]), 2)
+    assert exact["measurement"]["valid"] and exact["measurement"]["overlap_ms"] >= layer["measurement"]["overlap_ms"]
+    table = run(cpu_service, "best", *SHAPE_ARGS)
+    assert table.exit_code == 0 and "TE-exact" in table.stdout
+    te = run(cpu_service, "export", *SHAPE_ARGS, "--format", "te", "--out", str(tmp_path))
+    exported = json.loads(Path(te.stdout.strip()).read_text())
+    assert exported["measurements"]["qkv_fprop"]["overlap_ms"] == exact["measurement"]["overlap_ms"]
+    assert exported["ub_cfgs"]["qkv_fprop"]["method"] == exact["config"]["method"]
+    ours = run(cpu_service, "export", *SHAPE_ARGS, "--format", "ours", "--out", str(tmp_path))
+    assert ours.exit_code == 0, ours.output
+    path = Path(ours.stdout.strip())
+    assert path.name == "ours_cpu_h64_tp2_mbs1_seq32_f256_q192_bf16_cp1.yaml"
+    loaded = load_ours(path.read_text())
+    assert loaded.slots[Slot.QKV_FPROP].config == overall
+    assert loaded.slots[Slot.QKV_FPROP].measured["overlap_ms"] == layer["measurement"]["overlap_ms"]
+
+
+@pytest.mark.slow
+def test_a_whole_layer_job_exports_no_measured_with_caveat_on_any_slot(cpu_service: Service, tmp_path: Path) -> None:
+    """The CPU backend runs the same tuner as cuda: every slot's export is its TE-exact winner."""
+    dims = ["--hidden", "64", "--tp", "2", "--seq", "96"]
+    tune_through_the_cli(cpu_service, *dims, layers=())
+    (group,) = json.loads(run(cpu_service, "best", *dims, "--json").stdout)["results"]
+    assert all(layer["te_exact"] is not None for layer in group["layers"])
+    nemo = Path(run(cpu_service, "export", *dims, "--out", str(tmp_path)).stdout.strip()).read_text()
+    te = json.loads(
+        Path(run(cpu_service, "export", *dims, "--format", "te", "--out", str(tmp_path)).stdout.strip()).read_text()
+    )
+    assert "measured with" not in nemo and NO_TE_EXACT not in nemo
+    assert not any("measured with" in note for note in te["notes"].values())
+    assert set(te["measurements"]) == set(te["ub_cfgs"]) and te["ub_cfgs"]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import storage
 from autotune import NoTunedPreset, load_ub_cfgs
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
-from search_spaces import read_nemo, to_te_dict, write_bridge
+from search_spaces import OursPreset, ours_file_name, read_nemo, to_te_dict, write_bridge, write_ours
 
 pytest_plugins = ("conftest_storage",)  # db_url, engine
 
@@ -41,9 +41,12 @@ def test_a_yaml_file_gives_its_ub_cfgs_for_its_own_shape() -> None:
 
 
 def test_a_folder_gives_the_preset_whose_name_matches(tmp_path: Path) -> None:
-    """As `autotune tune --out` leaves it: the YAML and its JSON twin, plus a Bridge module of another shape."""
+    """As `autotune tune --out` leaves it: the YAML, its JSON twin and our own format's file of the overall
+    winners (no TE preset, left out), plus a Bridge module of another shape."""
     for source in (LLAMA3_70B, FP8_405B):
         shutil.copy(source, tmp_path)
+    ours = OursPreset(shape=ModelShape(hidden=8192, tp=4, seq=8192), gpu="NVIDIA H100")
+    (tmp_path / ours_file_name(ours)).write_text(write_ours(ours))
     twin = tmp_path / LLAMA3_70B.with_suffix(".json").name
     twin.write_text(json.dumps(to_te_dict(read_nemo(LLAMA3_70B))))
     (tmp_path / "bridge.py").write_text(

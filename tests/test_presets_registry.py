@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
+from conftest_tuner import measurement
 
 from autotune.baselines import PRESET, TE_DEFAULT, baselines
 from overlap_runtime.config import DeviceLimits, Method, OverlapConfig
@@ -21,9 +24,11 @@ from search_spaces import (
     preset_file_name,
     preset_from_results,
     preset_json,
+    te_config,
     to_te_dict,
     write_nemo,
 )
+from search_spaces.export import NO_TE_EXACT, measured_text
 from search_spaces.registry import DTYPE_MISMATCH
 from search_spaces.space import slot_space
 
@@ -84,8 +89,13 @@ def test_registry_refuses_presets_it_could_never_answer() -> None:
 # -- export --------------------------------------------------------------------------------------------
 
 
+def exact(best: OverlapConfig, best_ms: float, te_exact: OverlapConfig, te_ms: float) -> SlotResult:
+    """A slot's result with its TE-exact winner measured at ``te_ms``."""
+    return SlotResult(best=best, best_ms=best_ms, te_exact=te_exact, te_exact_measurement=measurement(te_ms))
+
+
 def test_winning_overlap_configs_become_te_entries_without_runtime_knobs() -> None:
-    preset = preset_from_results(LLAMA3_70B, {Slot.PROJ_FPROP: SlotResult(best=PIPELINE, best_ms=1.0)}, gpu="h200")
+    preset = preset_from_results(LLAMA3_70B, {Slot.PROJ_FPROP: exact(PIPELINE, 1.0, PIPELINE, 1.0)}, gpu="h200")
     assert to_te_dict(preset)["proj_fprop"] == {
         "method": "pipeline",
         "num_sm": 24,
@@ -96,19 +106,56 @@ def test_winning_overlap_configs_become_te_entries_without_runtime_knobs() -> No
         "atomic_gemm": False,
         "pipeline_rs_overlap_first_gemm": False,
     }
-    assert preset.notes == {}
+    assert preset.notes == {Slot.PROJ_FPROP: f"TE-exact: {measured_text(measurement(1.0))}"}
+    assert preset_json(preset)["measurements"]["proj_fprop"]["overlap_ms"] == 1.0
     assert preset_file_name(preset) == "ub_cfg_h200_bf16_h8192_tp4_mbs1_seqlen8192.yaml"
 
 
-def test_when_none_wins_the_preset_carries_the_best_overlap_and_says_how_to_turn_it_off() -> None:
-    result = SlotResult(best=OverlapConfig(method=Method.NONE), best_ms=0.9, best_overlap=PIPELINE, best_overlap_ms=1.0)
-    preset = preset_from_results(LLAMA3_70B, {Slot.PROJ_FPROP: result}, gpu="h200")
+def test_the_te_exact_winner_is_exported_with_its_numbers_not_our_runtimes_faster_winner() -> None:
+    triton = replace(PIPELINE, gemm="triton")
+    preset = preset_from_results(LLAMA3_70B, {Slot.PROJ_FPROP: exact(triton, 0.8, PIPELINE, 1.0)}, gpu="h200")
+    assert preset.configs[Slot.PROJ_FPROP] == te_config(Slot.PROJ_FPROP, PIPELINE)
+    note = preset.notes[Slot.PROJ_FPROP]
+    assert note.startswith("TE-exact: overlap 1 ms, serial 1.126 ms, exposed")
+    assert "our runtime's winner ran 0.8 ms (20.0% faster" in note and "measured with" not in note
+    text = write_nemo(preset)
+    assert "# proj_fprop: TE-exact: overlap 1 ms" in text and "measured with" not in text
+    assert preset_json(preset)["measurements"]["proj_fprop"]["serial_ms"] == 1.126
+
+
+def test_a_te_exact_winner_that_te_runs_otherwise_is_refused() -> None:
+    triton = replace(PIPELINE, gemm="triton")
+    with pytest.raises(InputError, match=r"te_exact.*triton GEMM"):
+        preset_from_results(LLAMA3_70B, {Slot.PROJ_FPROP: exact(triton, 0.8, triton, 0.8)})
+
+
+def test_a_slot_without_a_te_exact_measurement_says_so_first() -> None:
+    triton = replace(PIPELINE, gemm="triton")
+    preset = preset_from_results(LLAMA3_70B, {Slot.PROJ_FPROP: SlotResult(best=triton, best_ms=0.8)})
+    note = preset.notes[Slot.PROJ_FPROP]
+    assert note.startswith(NO_TE_EXACT) and "measured with our triton GEMM" in note
+    assert preset.measurements == {}
+    assert f"# proj_fprop: {NO_TE_EXACT}" in write_nemo(preset)
+
+
+def test_when_none_wins_the_preset_carries_the_te_exact_winner_and_says_how_to_turn_it_off() -> None:
+    preset = preset_from_results(
+        LLAMA3_70B, {Slot.PROJ_FPROP: exact(OverlapConfig(method=Method.NONE), 0.9, PIPELINE, 1.0)}, gpu="h200"
+    )
     assert preset.configs[Slot.PROJ_FPROP].method == Method.PIPELINE
     note = preset.notes[Slot.PROJ_FPROP]
     assert "no overlap was 0.1 ms (10.0%) faster" in note and "--disable-tp-comm-overlap-rs" in note
     text = write_nemo(preset)
-    assert "# proj_fprop: no overlap was 0.1 ms" in text
+    assert "# proj_fprop: TE-exact: overlap 1 ms" in text and "no overlap was 0.1 ms" in text
     assert yaml.safe_load(text)["proj_fprop"]["method"] == "pipeline"
+
+
+def test_without_a_te_exact_winner_when_none_wins_the_best_overlap_is_carried() -> None:
+    result = SlotResult(best=OverlapConfig(method=Method.NONE), best_ms=0.9, best_overlap=PIPELINE, best_overlap_ms=1.0)
+    preset = preset_from_results(LLAMA3_70B, {Slot.PROJ_FPROP: result}, gpu="h200")
+    assert preset.configs[Slot.PROJ_FPROP].method == Method.PIPELINE
+    note = preset.notes[Slot.PROJ_FPROP]
+    assert note.startswith(NO_TE_EXACT) and "no overlap was 0.1 ms (10.0%) faster" in note
 
 
 def test_reduce_scatter_dgrad_winner_drops_its_wgrad_with_a_note() -> None:

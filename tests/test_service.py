@@ -23,6 +23,7 @@ from overlap_runtime.shape import Collective, ModelShape, Slot
 from overlap_runtime.uncertainty import Series
 from search_spaces import parse_nemo
 from search_spaces.te_dict import te_config
+from search_spaces.te_exact import is_te_exact
 from storage import LEASE_EXPIRED
 
 if TYPE_CHECKING:
@@ -51,8 +52,8 @@ def measured_pairs(trial: TrialPublic) -> list[tuple[dict[str, Any], dict[str, A
 
 
 def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> None:
-    """Every winner is a measurement a stored trial made, the fastest valid one of its trial, and the YAML
-    carries it (or, where no overlap won, the best overlap config with the note that says so)."""
+    """Every winner is a measurement a stored trial made, the fastest valid one of its trial; so is each slot's
+    TE-exact winner, and the YAML carries that one (with the note that says so where no overlap was faster)."""
     trials = trials_of(service, job_id)
     with service.client() as client:
         job = client.job(job_id)
@@ -77,13 +78,18 @@ def assert_best_and_yaml_agree_with_trials(service: Service, job_id: str) -> Non
         slot_view = next(s for s in job.slots if s.slot == layer.slot)
         assert slot_view.best.final and slot_view.best.config == layer.config
         assert slot_view.best.trial_id == holders[0].id
-        carried = layer.config
-        if layer.config.method == Method.NONE:
-            assert layer.outcome is not None and layer.outcome.best_overlap is not None
-            carried = layer.outcome.best_overlap
-            assert f"# {layer.slot}: no overlap was" in preset.text
+        exact = layer.te_exact
+        assert exact is not None, f"{layer.slot}: no TE-exact winner"
+        assert is_te_exact(exact.config.to_config(), TINY_SHAPE.tp)
+        mine = [t for t in trials if t.slot == layer.slot and t.state == "complete"]
+        assert any((exact.config.model_dump(), exact.measurement) in measured_pairs(t) for t in mine), layer.slot
+        assert slot_view.te_exact is not None and slot_view.te_exact.final
+        assert slot_view.te_exact.config == exact.config
+        if layer.config.method == Method.NONE and layer.measurement["overlap_ms"] < exact.measurement["overlap_ms"]:
+            assert "no overlap was" in preset.text
         slot = Slot(layer.slot)
-        assert yaml_configs[slot] == te_config(slot, carried.to_config())
+        assert yaml_configs[slot] == te_config(slot, exact.config.to_config())
+    assert "measured with" not in preset.text
 
 
 def assert_each_trial_claimed_once(trials: list[TrialPublic]) -> None:

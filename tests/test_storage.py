@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 import storage
-from overlap_runtime.errors import LeaseLost
+from overlap_runtime.errors import InputError, LeaseLost
 from overlap_runtime.shape import ModelShape
 from storage import (
     Backend,
@@ -404,6 +404,32 @@ def test_best_config_upsert_replaces_the_winner_and_lookup_filters(session: Sess
     assert len(storage.get_best(session=session, shape=gated)) == 4
     assert [r.gpu for r in storage.get_best(session=session, shape=SHAPE, dtype="fp8")] == [H200]
     assert storage.get_best(session=session, shape=ModelShape(hidden=8192, tp=4, mbs=1, seq=8192)) == []
+
+
+def test_a_best_config_row_keeps_the_te_exact_winner_beside_the_overall_one(session: Session) -> None:
+    job = new_job(session)
+    ours = {"method": "ring_exchange", "gemm": "triton", "num_max_streams": 1}
+    exact = {"method": "ring_exchange", "gemm": "cublas", "num_max_streams": 2}
+    times = {"overlap_ms": 2.0, "serial_ms": 2.4}
+    exact_times = {"overlap_ms": 2.1, "serial_ms": 2.4}
+
+    def best(**te_exact: dict[str, object] | None) -> BestConfig:
+        return storage.upsert_best(
+            session=session, gpu=H200, shape=SHAPE, slot="qkv_fprop", config=ours, measurement=times,
+            job_id=job.id, **te_exact,
+        )  # fmt: skip
+
+    best(te_exact_config=exact, te_exact_measurement=exact_times)
+    session.expunge_all()
+    (row,) = storage.get_best(session=session, shape=SHAPE)
+    assert (row.config, row.measurement) == (ours, times)
+    assert (row.te_exact_config, row.te_exact_measurement) == (exact, exact_times)
+    best()  # a later job that measured no TE-exact config replaces both winners
+    session.expunge_all()
+    (row,) = storage.get_best(session=session, shape=SHAPE)
+    assert (row.te_exact_config, row.te_exact_measurement) == (None, None)
+    with pytest.raises(InputError, match="te_exact_measurement"):
+        best(te_exact_config=exact)
 
 
 def test_workers_register_heartbeat_and_go_lost_when_silent(session: Session) -> None:

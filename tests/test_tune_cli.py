@@ -20,6 +20,7 @@ import yaml
 
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.shape import ModelShape
+from search_spaces import load_ours
 from search_spaces.catalog import tunable_slots
 from storage import create_engine_for, get_best, session_factory
 
@@ -54,6 +55,12 @@ def test_tune_writes_a_preset_with_every_slot_and_stores_valid_winners(tmp_path:
         best = get_best(session=session, shape=ModelShape(hidden=64, tp=2, seq=32), gpu="cpu")
     assert sorted(row.slot for row in best) == sorted(slots)
     assert all(row.measurement["valid"] for row in best)
+    # The TE files carry the TE-exact winners (no caveat), our own format the overall ones.
+    assert "measured with" not in text and all(row.te_exact_config is not None for row in best)
+    ours = load_ours((tmp_path / "out" / "ours_cpu_h64_tp2_mbs1_seq32_f256_q192_bf16_cp1.yaml").read_text())
+    assert {slot.value: entry.config.to_dict() for slot, entry in ours.slots.items()} == {
+        row.slot: row.config for row in best
+    }
     for row in best:  # decided by the finalist batch: scored against baselines timed in its three rounds
         baselines = row.measurement["baselines"]
         assert baselines["source"] == "same_rounds", row.slot

@@ -227,7 +227,11 @@ function showSlots(job, trials, outcomes) {
     const head = el("div", { class: "slot-head" }, el("strong", {}, s.slot), el("span", { class: s.status }, s.status),
       `${s.n_complete} ok, ${s.n_failed} failed`,
       best ? el("span", {}, best.final ? "winner " : "best so far ", el("code", {}, JSON.stringify(best.config))) : "",
-      m ? `${ms(m.overlap_ms)} · exposed ${ms(m.overlap_ms - m.gemm_ms)} · hidden ${Math.round(100 * m.hidden_frac)}% (serial ${ms(m.serial_ms)})` : "");
+      m ? `${ms(m.overlap_ms)} · exposed ${ms(m.overlap_ms - m.gemm_ms)} · hidden ${Math.round(100 * m.hidden_frac)}% (serial ${ms(m.serial_ms)})` : "",
+      // The fastest config TE runs exactly as measured: what the NeMo YAML and the TE dict carry.
+      el("span", { class: "te-exact" }, "TE-exact ",
+        s.te_exact ? el("code", {}, JSON.stringify(s.te_exact.config)) : "none measured",
+        s.te_exact ? ` ${ms(s.te_exact.measurement.overlap_ms)}` : ""));
     const boxes = [chartBox("optimization history: overlap ms per trial, best so far", "history", history[0].length)];
     if (rows.length) {
       boxes.push(chartBox("exposed ms (lower is better)", "exposed", rows.length));

@@ -173,17 +173,18 @@ def best(
         return
     for group in answer.results:
         on_cpu = group.gpu == CPU
-        table = Table(
-            "slot", "best config", "overlap ms", "serial ms", "hidden", "note", title=f"{group.gpu} {group.shape_key}"
-        )
+        columns = ("slot", "best config", "overlap ms", "serial ms", "hidden", "TE-exact config", "TE-exact ms", "note")
+        table = Table(*columns, title=f"{group.gpu} {group.shape_key}")
         for best in group.layers:
-            m = best.measurement or {}
+            m, exact = best.measurement or {}, best.te_exact
             table.add_row(
                 best.slot,
                 _config_text(best.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
                 "n/a" if on_cpu or m.get("hidden_frac") is None else f"{m['hidden_frac']:.0%}",
+                "none measured" if exact is None else _config_text(exact.config),
+                "-" if exact is None else _ms(exact.measurement.get("overlap_ms")),
                 "; ".join(n for n in (_slower_than_serial(best), best.note) if n),
             )
         console().print(table)
@@ -210,7 +211,7 @@ def _slower_than_serial(layer: BestLayer) -> str | None:
     return SLOWER_NOTE if slower and layer.config.to_config().method != Method.NONE else None
 
 
-FALLBACK_SUFFIX = {"nemo": "yaml", "te": "json", "bridge": "py"}
+FALLBACK_SUFFIX = {"nemo": "yaml", "te": "json", "bridge": "py", "ours": "yaml"}
 """The file's suffix per format, for a controller that sends no file name."""
 
 
@@ -219,7 +220,11 @@ def export(
     shape: dict[str, object],
     gpu: Gpu = None,
     format: Annotated[
-        str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON) | bridge (Megatron-Bridge module)")
+        str,
+        typer.Option(
+            "--format",
+            help="nemo (YAML) | te (ub_cfgs JSON) | bridge (Megatron-Bridge module): TE-exact winners | ours (our runtime's)",
+        ),
     ] = "nemo",
     out: Annotated[
         str, typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name: docs/cli.md")
@@ -227,7 +232,7 @@ def export(
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
 ) -> None:
-    """Write the shape's preset file (NeMo/Megatron YAML by default) and print its path."""
+    """Write the shape's preset file (NeMo/Megatron YAML of the TE-exact winners by default) and print its path."""
     with _client(controller, token) as client:
         preset = client.preset(shape, gpu=gpu, format=format)
     if not preset.measured:
