@@ -25,7 +25,8 @@ FP8_405B = PRESETS / "launcher" / "ub_cfg_h100_fp8_h16384_tp8_cp2_mbs1_seqlen819
 
 
 def test_a_yaml_file_gives_its_ub_cfgs_for_its_own_shape() -> None:
-    ub_cfgs = load_ub_cfgs(shape={"hidden": 8192, "tp": 4, "seq": 8192}, source=LLAMA3_70B)
+    # Its name gives no dtype and its header says FP8: an FP8 preset.
+    ub_cfgs = load_ub_cfgs(shape={"hidden": 8192, "tp": 4, "seq": 8192, "dtype": "fp8"}, source=LLAMA3_70B)
     assert ub_cfgs == to_te_dict(read_nemo(LLAMA3_70B))
     assert ub_cfgs["proj_fprop"] == {
         "method": "pipeline",
@@ -37,7 +38,8 @@ def test_a_yaml_file_gives_its_ub_cfgs_for_its_own_shape() -> None:
         "atomic_gemm": False,
         "pipeline_rs_overlap_first_gemm": False,
     }
-    assert load_ub_cfgs(shape=ModelShape(hidden=8192, tp=4, seq=8192), source=str(LLAMA3_70B)) == ub_cfgs
+    fp8 = ModelShape(hidden=8192, tp=4, seq=8192, dtype="fp8")
+    assert load_ub_cfgs(shape=fp8, source=str(LLAMA3_70B)) == ub_cfgs
 
 
 def test_a_folder_gives_the_preset_whose_name_matches(tmp_path: Path) -> None:
@@ -66,7 +68,7 @@ def test_no_match_names_the_nearest_tuned_shape_and_is_an_input_error() -> None:
     with pytest.raises(NoTunedPreset) as caught:
         load_ub_cfgs(shape={"hidden": 8192, "tp": 4, "seq": 4096}, source=LLAMA3_70B)
     assert isinstance(caught.value, InputError) and caught.value.field == "shape"
-    assert "the nearest tuned shape is h8192_tp4_mbs1_seq8192_f32768_q24576_bf16_cp1 (1 doublings away" in str(
+    assert "the nearest tuned shape is h8192_tp4_mbs1_seq8192_f32768_q24576_fp8_cp1 (1 doublings away" in str(
         caught.value
     )
     with pytest.raises(NoTunedPreset, match="a100"):  # a GPU the file does not name: nothing matches
