@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import storage
 from api.cache import AnswerCache
+from api.metrics import Metrics
 from api.settings import Settings
 from search_spaces import PresetRegistry
 
@@ -59,11 +60,16 @@ async def get_best_cache(request: Request) -> AnswerCache:
     return request.app.state.best_cache
 
 
+async def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 SessionsDep = Annotated[sessionmaker[Session], Depends(get_sessions)]
 RegistryDep = Annotated[PresetRegistry, Depends(get_registry)]
 BestCacheDep = Annotated[AnswerCache, Depends(get_best_cache)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
 async def require_token(

@@ -102,7 +102,8 @@ async def _answer(request: Request, exc: Exception) -> JSONResponse:
     return _respond(code, items(request, exc), headers=headers)
 
 
-async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)  # registered for HTTPException only (Starlette types handlers by Exception)
     if isinstance(exc.detail, list):
         items = exc.detail
     elif exc.status_code == status.HTTP_404_NOT_FOUND:
@@ -113,7 +114,7 @@ async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         return _respond(exc.status_code, items, headers={"Allow": ", ".join(allowed)})
     else:
         items = [error("request", str(exc.detail))]
-    return _respond(exc.status_code, items, headers=exc.headers)
+    return _respond(exc.status_code, items, headers=dict(exc.headers) if exc.headers else None)
 
 
 def _allowed_methods(request: Request) -> list[str]:

@@ -15,14 +15,16 @@ from storage import Backend, Job, JobStatus, Worker, WorkerStatus
 
 
 def fits(worker: Worker, job: Job) -> bool:
-    """Whether ``worker`` has what ``job`` needs, alive or not: its backend, and on cuda a GPU model (the one
-    the job names, short names too) and at least tp GPUs (a CPU worker runs any tp on gloo ranks)."""
+    """Whether ``worker`` has what ``job`` needs, alive or not: its backend, and on cuda and te a GPU model
+    (the one the job names, short names too) and at least tp GPUs (a CPU worker runs any tp on gloo ranks);
+    on te also TransformerEngine (its inventory's ``te_version``)."""
     if worker.backend != job.backend:
         return False
     if job.backend == Backend.CPU:
         return True
     return (
-        worker.gpu_model is not None
+        (job.backend != Backend.TE or worker.te_version is not None)
+        and worker.gpu_model is not None
         and worker.n_gpus >= job.tp
         and (job.gpu is None or gpu_matches(worker.gpu_model, job.gpu))
     )
@@ -55,7 +57,8 @@ def needs(job: Job) -> str:
     if job.backend == Backend.CPU:
         return "a cpu worker (autotune worker --backend cpu)"
     model = "" if job.gpu is None else f" of model {job.gpu}"
-    return f"a cuda worker with at least {job.tp} GPUs{model}"
+    te = " and TransformerEngine installed" if job.backend == Backend.TE else ""
+    return f"a {job.backend.value} worker with at least {job.tp} GPUs{model}{te}"
 
 
 def _fleet(workers: Sequence[Worker]) -> str:

@@ -10,8 +10,9 @@ with its source and distance, so a guess is never passed off as a measurement.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Query
 from sqlalchemy.orm import Session
@@ -44,13 +45,14 @@ class ShapeQuery:
 
     shape: ModelShape
     """The fields given, the others at their defaults: the dimensions looked up, and the nearest preset's target."""
-    filters: tuple[tuple[str, object], ...]
+    filters: tuple[tuple[str, Any], ...]
     """(field, value) of each filter given; a stored shape matches when it agrees with every one."""
     gpu: str | None
 
     @property
     def dtype(self) -> str | None:
-        return dict(self.filters).get("dtype")
+        dtype = dict(self.filters).get("dtype")
+        return None if dtype is None else str(dtype)
 
     def matches(self, stored: ModelShape) -> bool:
         """Whether ``stored`` agrees with each filter: given the filters' values it stays the same shape key,
@@ -63,9 +65,13 @@ class ShapeQuery:
 
 async def shape_query(params: Annotated[ShapeLookup, Query()]) -> ShapeQuery:
     """Query parameters -> a validated shape (a 422 naming the field when TE could not run it)."""
-    given = params.model_dump(exclude_none=True, exclude={"gpu"})
+    return query_for(params.model_dump(exclude_none=True, exclude={"gpu"}), gpu=params.gpu)
+
+
+def query_for(given: Mapping[str, object], *, gpu: str | None = None) -> ShapeQuery:
+    """The lookup of the shape fields ``given`` (each filter field given narrows it), as a query asks it."""
     filters = tuple((name, given[name]) for name in FILTERS if name in given)
-    return ShapeQuery(shape=ModelShape(**given), filters=filters, gpu=params.gpu)
+    return ShapeQuery(shape=ModelShape(**given), filters=filters, gpu=gpu)  # type: ignore[arg-type]
 
 
 ShapeQueryDep = Annotated[ShapeQuery, Depends(shape_query)]

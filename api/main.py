@@ -23,7 +23,8 @@ from api import errors
 from api.cache import AnswerCache
 from api.events import JobFeed
 from api.logs import RateLimitedLog
-from api.routes import best, dashboard, docs, health, jobs, presets, workers
+from api.metrics import RequestMetrics, create_metrics
+from api.routes import best, dashboard, docs, health, jobs, metrics, presets, workers
 from api.scheduler import SchedulerThread
 from api.schemas import ErrorPublic
 from api.settings import Settings
@@ -95,9 +96,12 @@ def create_app(settings: Settings) -> FastAPI:
         sessions=app.state.sessions, max_streams=settings.max_streams, outages=app.state.outage_log
     )
     app.state.scheduler = None  # the `SchedulerThread` while the app runs one: /healthz says whether it leads
+    app.state.metrics = create_metrics(sessions=app.state.sessions)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     errors.install(app)
-    for module in (jobs, best, presets, workers, health, dashboard):
+    for module in (jobs, best, presets, workers, health, metrics, dashboard):
         app.include_router(module.router, responses=COMMON_RESPONSES)
+    app.mount("/static", dashboard.static_files(), name="static")
     app.include_router(docs.router)
     docs.mount_assets(app)
     return app

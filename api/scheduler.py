@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import optuna
 from sqlalchemy import Engine
@@ -48,7 +49,7 @@ from api.fit import can_run
 from api.leadership import Leadership
 from api.logs import RateLimitedLog
 from api.trial_rows import fastest, measurements_of, proposal_of
-from autotune.gpu import CPU
+from autotune.gpu import CPU, model_of, results_gpu
 from autotune.proposal import Proposal
 from autotune.studies import SlotStudy, study_name
 from overlap_runtime.config import DeviceLimits, OverlapConfig
@@ -206,7 +207,7 @@ class Scheduler:
             storage.update_layer_study(session=session, study_id=study.id, status=JobStatus.RUNNING)
         busy |= set(names.values())
         # A job that named its GPU now carries the model's full name, which worker claims match exactly.
-        resolved = None if job.gpu is None else gpu
+        resolved = None if job.gpu is None else model_of(gpu)
         storage.set_job_status(session=session, job_id=job.id, status=JobStatus.RUNNING, gpu=resolved)
         log.info("job %s started on %s (%d slots)", job.id, gpu, len(names))
 
@@ -218,13 +219,14 @@ class Scheduler:
         }
 
     def _gpu_for(self, *, session: Session, job: Job) -> str | None:
-        """The GPU model the job's results are keyed by: "cpu", or the model of a worker that can run it and
-        that the job's ``gpu`` selects (`gpu_matches`: "h200" selects "NVIDIA H200"); None while there is none,
-        so a cuda job waits for its first worker."""
+        """The GPU name the job's results are keyed by: "cpu", or the model of a worker that can run it and
+        that the job's ``gpu`` selects (`gpu_matches`: "h200" selects "NVIDIA H200"), marked on te
+        (`results_gpu`); None while there is none, so a GPU job waits for its first worker.  A te job needs a
+        te worker whose inventory reports TransformerEngine (``te_version``)."""
         if job.backend == Backend.CPU:
             return CPU
         capable = [w.gpu_model for w in storage.list_workers(session=session) if can_run(w, job)]
-        return Counter(capable).most_common(1)[0][0] if capable else None
+        return results_gpu(Counter(capable).most_common(1)[0][0], job.backend.value) if capable else None
 
     def _drive(self, session: Session, job: Job) -> None:
         """Tell, record, ask for every active slot of a running job; end the job once every slot is decided."""
@@ -383,7 +385,7 @@ def _optuna_storage(engine: Engine) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on our database: SQLite waits for the write lock as our engine does."""
     url = engine.url.render_as_string(hide_password=False)
     if engine.dialect.name == "sqlite":
-        kwargs = {"connect_args": {"timeout": storage.engine.SQLITE_BUSY_TIMEOUT_MS / 1000}}
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": storage.engine.SQLITE_BUSY_TIMEOUT_MS / 1000}}
     else:
         kwargs = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
@@ -443,11 +445,12 @@ def _limits(*, session: Session, gpu: str) -> DeviceLimits | None:
     """The SM count of ``gpu`` as its workers reported it (lost ones too: a model's SM count does not change)."""
     if gpu == CPU:
         return None
+    model = model_of(gpu)
     counts = [
         g["sm_count"]
         for w in storage.list_workers(session=session)
-        if w.gpu_model == gpu
+        if w.gpu_model == model
         for g in w.gpus
-        if g.get("name") == gpu and g.get("sm_count")
+        if g.get("name") == model and g.get("sm_count")
     ]
     return DeviceLimits(sm_count=min(counts)) if counts else None

@@ -26,7 +26,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._()/:+-]*$"
 """GPU models, host and worker names: what NVML and hostnames produce, nothing that breaks a log line."""
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
-Backend = Literal["cpu", "cuda"]
+Backend = Literal["cpu", "cuda", "te"]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -164,6 +164,8 @@ class ProposalBody(BaseModel):
     purpose: Purpose
     repeats: int
     rounds: int
+    labels: list[str] = []
+    """A baseline's reasons (``none``, ``te_default``, ``preset``, ``measure_first``, ``warm_start``); empty otherwise."""
 
     def to_proposal(self) -> Proposal:
         return Proposal.from_dict(self.model_dump())
@@ -209,9 +211,10 @@ class Progress(BaseModel):
     done: int
     """Trials finished (complete or failed) over all slots."""
     total: int
-    """Trials planned: n_trials per slot (finalist re-measurements come on top)."""
+    """Trials planned: n_trials per slot still running (or what it ran, when finalists took it past that), and
+    what a decided slot ran (early stopping ends a slot sooner), so ``done`` never exceeds ``total``."""
     fraction: float
-    """0..1; 1 only once every slot has finished."""
+    """0..1, the mean of the slots' fractions; 1 only once every slot is decided, when done equals total."""
 
 
 class BestSoFar(BaseModel):
@@ -390,6 +393,8 @@ class WorkerCreate(Strict):
     gpu_model: Name | None = None
     """The model all its GPUs share; None for a CPU worker or a mixed box (it then takes only unpinned jobs)."""
     n_gpus: Annotated[int, Field(ge=0, le=1024)] = 0
+    te_version: Annotated[str, Field(max_length=64, pattern=NAME_PATTERN)] | None = None
+    """TransformerEngine's version on the worker's host, None without it: te jobs run only where it is set."""
 
 
 class WorkerPublic(BaseModel):
@@ -402,6 +407,7 @@ class WorkerPublic(BaseModel):
     gpus: list[dict[str, Any]]
     gpu_model: str | None
     n_gpus: int
+    te_version: str | None
     status: str
     registered_at: datetime
     last_heartbeat: datetime
@@ -456,7 +462,7 @@ class BaselinesCreate(Strict):
 
 class MeasurementCreate(Strict):
     """One config's `overlap_runtime.measurement.Measurement.to_dict()`; None stands for an infinite time.
-    ``positions``, ``baselines`` and ``hidden_ci`` came later: a worker that leaves them out is still heard."""
+    ``positions``, ``baselines``, ``hidden_ci`` and ``ub_init_ms`` came later: a worker that leaves them out is still heard."""
 
     gemm_ms: Finite | None
     comm_ms: Finite | None
@@ -470,6 +476,8 @@ class MeasurementCreate(Strict):
     positions: Positions = []
     baselines: BaselinesCreate | None = None
     hidden_ci: Annotated[list[Finite], Field(min_length=2, max_length=2)] | None = None
+    ub_init_ms: Annotated[float, Field(ge=0, le=1e9)] | None = None
+    """The te backend's userbuffers (re)initialization time in this trial; None elsewhere."""
     exposed_ms: Finite | None = None
     hidden_frac: Finite | None = None
 

@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     """Bearer token for writes and workers (``AUTOTUNE_TOKEN``)."""
     no_auth: bool = False
     """Serve without a token; only allowed on a loopback bind."""
-    default_backend: Literal["cpu", "cuda"] = "cuda"
+    default_backend: Literal["cpu", "cuda", "te"] = "cuda"
     """Backend of a job that names none (`autotune serve --local-worker --backend cpu` makes it cpu)."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)

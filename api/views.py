@@ -9,7 +9,16 @@ from sqlalchemy.orm import Session
 
 import storage
 from api.fit import waiting_reason
-from api.schemas import BestSoFar, JobPublic, JobSummary, Progress, SlotPublic, TrialPublic
+from api.schemas import (
+    BestSoFar,
+    JobPublic,
+    JobSummary,
+    OverlapConfigBody,
+    Progress,
+    ProposalBody,
+    SlotPublic,
+    TrialPublic,
+)
 from api.trial_rows import fastest
 from overlap_runtime.shape import ModelShape
 from storage import BestConfig, Job, JobStatus, LayerStudy, Trial
@@ -41,18 +50,29 @@ def job_view(*, session: Session, job: Job) -> JobPublic:
 
 
 def _progress(*, job: Job, studies: list[LayerStudy]) -> Progress:
-    done = sum(s.n_complete + s.n_failed for s in studies)
-    total = job.n_trials * len(job.layers)
-    if job.status == JobStatus.SUCCEEDED:
-        fraction = 1.0
-    else:
-        per_slot = [
-            1.0
-            if s.status not in (JobStatus.QUEUED, JobStatus.RUNNING)
-            else UNFINISHED_CAP * min(1.0, (s.n_complete + s.n_failed) / job.n_trials)
-            for s in studies
-        ]
-        fraction = sum(per_slot) / len(job.layers) if job.layers else 0.0
+    """Trials done over trials planned, and the fraction the bar shows; never more than 100%, and 100% only
+    with every trial planned done.
+
+    A slot plans ``n_trials`` while it runs and, once decided, exactly the trials it ran: early stopping ends a
+    slot sooner (a job of 60 trials per slot may finish after 42), finalist re-measurements come on top, and a
+    slot decided in an earlier job's study runs none here.  Counting ``n_trials`` for a decided slot was how
+    a finished job showed "100%" beside "42/60 trials".
+    """
+    done = total = 0
+    fractions = []
+    for study in studies:
+        ran = study.n_complete + study.n_failed
+        if study.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+            planned = max(job.n_trials, ran)
+            fractions.append(UNFINISHED_CAP * min(1.0, ran / job.n_trials))
+        else:
+            planned = ran
+            fractions.append(1.0)
+        done += ran
+        total += planned
+    unstarted = len(job.layers) - len(studies)  # a queued job has no studies yet
+    total += unstarted * job.n_trials
+    fraction = sum(fractions) / len(job.layers) if job.layers else 0.0
     return Progress(done=done, total=total, fraction=round(fraction, 4))
 
 
@@ -67,7 +87,9 @@ def _winners(*, session: Session, job: Job) -> dict[str, BestSoFar]:
 
 def _winner(row: BestConfig) -> BestSoFar:
     trial_id = (row.spread or {}).get("trial_id")
-    return BestSoFar(trial_id=trial_id, config=row.config, measurement=row.measurement, final=True)
+    return BestSoFar(
+        trial_id=trial_id, config=OverlapConfigBody.model_validate(row.config), measurement=row.measurement, final=True
+    )
 
 
 def _best_so_far(*, session: Session, study: LayerStudy) -> BestSoFar | None:
@@ -78,7 +100,9 @@ def _best_so_far(*, session: Session, study: LayerStudy) -> BestSoFar | None:
     if best is None:
         return None
     config, measurement = best
-    return BestSoFar(trial_id=trial.id, config=config, measurement=measurement, final=False)
+    return BestSoFar(
+        trial_id=trial.id, config=OverlapConfigBody.model_validate(config), measurement=measurement, final=False
+    )
 
 
 def trial_view(trial: Trial, *, slots: dict[int, str]) -> TrialPublic:
@@ -88,7 +112,7 @@ def trial_view(trial: Trial, *, slots: dict[int, str]) -> TrialPublic:
         optuna_trial_number=trial.optuna_trial_number,
         purpose=trial.purpose.value,
         state=trial.state.value,
-        config=trial.config,
+        config=ProposalBody.model_validate(trial.config),
         measurement=trial.measurement,
         error=trial.error,
         worker_id=trial.worker_id,

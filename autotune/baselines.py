@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from autotune.gpu import preset_gpu_name
@@ -68,11 +69,11 @@ def baselines(
     configs to measure first only against the runtime's rules, `SlotSpace.check`)."""
     sources: list[tuple[str, Callable[[], OverlapConfig]]] = [
         (NONE, lambda: OverlapConfig(method=Method.NONE)),
-        (TE_DEFAULT, lambda: te_default(space.shape, space.slot, backend=space.backend, limits=space.limits)),
-        (PRESET, lambda: nearest_preset_config(space, gpu=gpu)),
+        (TE_DEFAULT, partial(te_default, space.shape, space.slot, backend=space.backend, limits=space.limits)),
+        (PRESET, partial(nearest_preset_config, space, gpu=gpu)),
     ]
-    sources += [(MEASURE_FIRST, lambda c=config: c) for config in measure_first]
-    sources += [(WARM_START, lambda c=config: c) for config in warm_start]
+    sources += [(MEASURE_FIRST, partial(_given, given)) for given in measure_first]
+    sources += [(WARM_START, partial(_given, given)) for given in warm_start]
     found: dict[OverlapConfig, list[str]] = {}
     skipped: list[str] = []
     for label, make in sources:
@@ -90,6 +91,10 @@ def baselines(
         configs=tuple(Baseline(config=c, labels=tuple(labels)) for c, labels in found.items()),
         skipped=tuple(skipped),
     )
+
+
+def _given(config: OverlapConfig) -> OverlapConfig:
+    return config
 
 
 def nearest_preset_config(space: SlotSpace, *, gpu: str) -> OverlapConfig:

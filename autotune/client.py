@@ -23,6 +23,8 @@ from api.schemas import (
     ClaimPublic,
     JobAccepted,
     JobPublic,
+    JobsPage,
+    JobSummary,
     LeasePublic,
     TrialPublic,
     TrialPublicState,
@@ -128,6 +130,17 @@ class Client:
     def job(self, job_id: str) -> JobPublic:
         return self._call(JobPublic, "GET", f"/v1/jobs/{job_id}")
 
+    def jobs(self, *, status: str | None = None) -> list[JobSummary]:
+        """``GET /v1/jobs``, every page, newest first; ``status`` keeps only the jobs in that state."""
+        found: list[JobSummary] = []
+        offset: int | None = 0
+        while offset is not None:
+            params = _params({"status": status, "limit": 200, "offset": offset})
+            page = self._call(JobsPage, "GET", "/v1/jobs", params=params)
+            found += page.items
+            offset = page.next_offset
+        return found
+
     def trials(self, job_id: str, *, limit: int = 1000, offset: int = 0) -> TrialsPage:
         return self._call(TrialsPage, "GET", f"/v1/jobs/{job_id}/trials", params={"limit": limit, "offset": offset})
 
@@ -150,7 +163,7 @@ class Client:
             if response.is_error:
                 response.read()
                 raise _error(response)
-            event, data = "message", []
+            event, data = "message", list[str]()
             for line in response.iter_lines():
                 if line.startswith(":"):
                     continue

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from overlap_runtime.knobs import TE
+
 CPU = "cpu"
 _MODEL = re.compile(r"\b([a-z]{1,2}\d{2,4}[a-z]?)\b")
 """NVIDIA's model token: h100, h200, a100, b200, gb200, l40s ..."""
@@ -26,6 +28,23 @@ def device_gpu_name(*, backend: str) -> str:
     finally:
         pynvml.nvmlShutdown()
     return name.decode() if isinstance(name, bytes) else name
+
+
+TE_MARK = " [te]"
+"""Appended to the model name of results measured through TE (the te backend)."""
+
+
+def results_gpu(model: str, backend: str) -> str:
+    """The name results are keyed by (studies, best configs): the model, marked on te ("NVIDIA H200 [te]"),
+    so that TE's measurements never share a study or a winner with our runtime's on the same GPU."""
+    if backend != TE or model.endswith(TE_MARK):
+        return model
+    return model + TE_MARK
+
+
+def model_of(gpu: str) -> str:
+    """The GPU model behind a results name (`results_gpu`'s inverse)."""
+    return gpu.removesuffix(TE_MARK)
 
 
 def preset_gpu_name(gpu: str) -> str | None:

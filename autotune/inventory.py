@@ -3,7 +3,8 @@
 NVML gives names, memory, the driver and NVLink state; it has no SM count for a full (non-MIG) GPU, so
 that comes from CUDA through torch, joined to NVML by UUID because NVML's index order is not CUDA's
 (docs/architecture.md, Workers and their GPUs).  The controller only hands a worker trials whose GPU model matches its
-``gpu_model`` and whose tp fits its ``n_gpus``.
+``gpu_model`` and whose tp fits its ``n_gpus``.  ``te_version`` says whether TransformerEngine is installed
+(its version, or None): a te worker must have it, and the controller places te jobs only on workers that do.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 from autotune.gpu import CPU
 from overlap_runtime.errors import InputError
+from overlap_runtime.knobs import TE
+from overlap_runtime.te_backend import require_te, te_version
 
 MIB = 1 << 20
 
@@ -21,7 +24,12 @@ MIB = 1 << 20
 def worker_body(*, backend: str, name: str | None = None) -> dict[str, Any]:
     """The registration body (`api.schemas.WorkerCreate`) of this process for ``backend``."""
     host = socket.gethostname()
-    body: dict[str, Any] = {"name": name or f"{host}-{os.getpid()}", "host": host, "backend": backend}
+    body: dict[str, Any] = {
+        "name": name or f"{host}-{os.getpid()}",
+        "host": host,
+        "backend": backend,
+        "te_version": require_te() if backend == TE else te_version(),
+    }
     if backend == CPU:
         return body | {"gpus": [], "gpu_model": None, "n_gpus": 0}
     gpus = gpu_inventory()
@@ -42,7 +50,7 @@ def gpu_inventory() -> list[dict[str, Any]]:
         raise InputError("backend", f"cuda needs the NVIDIA driver, but NVML failed to start: {e}", "cuda") from None
     try:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        gpus = []
+        gpus: list[dict[str, Any]] = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             active, supported = _nvlinks(pynvml, handle)

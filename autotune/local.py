@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -21,14 +22,14 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from sqlalchemy import Engine
 
-from autotune.gpu import device_gpu_name, preset_gpu_name
+from autotune.gpu import device_gpu_name, preset_gpu_name, results_gpu
 from autotune.outcome import SlotOutcome
 from autotune.proposal import Proposal, Purpose
 from autotune.studies import SlotStudy
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import ConfigError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
-from overlap_runtime.runtime import Runtime
+from overlap_runtime.runtime import Runtime, open_runtime
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import tunable_slots
 from search_spaces.export import preset_from_results
@@ -120,10 +121,10 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     """Tune every requested slot; bad input (shape, layers, backend) raises `InputError` before anything runs."""
     shape = request.shape
     slots = tunable_slots(shape, request.layers)
-    with Runtime(tp=shape.tp, backend=request.backend) as runtime:
+    with open_runtime(tp=shape.tp, backend=request.backend) as runtime:
         for slot in slots:  # the runtime's shape rules (tp, dtype) as an InputError now, not as failed trials
             runtime.check(shape, slot, OverlapConfig(method=Method.NONE))
-        gpu = request.gpu or device_gpu_name(backend=request.backend)
+        gpu = results_gpu(request.gpu or device_gpu_name(backend=request.backend), request.backend)
         engine = create_engine_for(url=request.db)
         upgrade(engine=engine)
         storage = _optuna_storage(engine)
@@ -136,7 +137,7 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
         with _progress(console) as bars:
             for slot, study in studies.items():
                 task = bars.add_task(slot.value, total=request.n_trials + 1)
-                drive(study, measurer=runtime, on_told=lambda p, s=study, t=task: _advance(bars, t, s, p))
+                drive(study, measurer=runtime, on_told=partial(_advance, bars, task, study))
                 bars.update(task, completed=request.n_trials + 1)
     outcomes = {slot: study.outcome() for slot, study in studies.items()}
     reasons = {slot: study.progress().note or "" for slot, study in studies.items()}

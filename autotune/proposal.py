@@ -39,10 +39,14 @@ class Proposal:
     """Timed repeats per config and round."""
     rounds: int = 1
     """Interleaved rounds (A B C A B C ...): 1 except for finalists."""
+    labels: tuple[str, ...] = ()
+    """A baseline's reasons (`autotune.baselines`: ``none``, ``te_default``, ``preset``, ...), so whoever shows
+    a trial (the dashboard) can say it is TE's default or NVIDIA's preset; empty for any other proposal."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "purpose", Purpose(self.purpose))
         object.__setattr__(self, "configs", tuple(self.configs))
+        object.__setattr__(self, "labels", tuple(self.labels))
         if not self.configs:
             raise InputError("configs", "must hold at least one config")
         for name in ("repeats", "rounds"):
@@ -56,13 +60,17 @@ class Proposal:
         return BaselineSource.SAME_ROUNDS if self.purpose == Purpose.FINALIST else BaselineSource.CACHED
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The proposal as JSON; ``labels`` only when there are some, so other proposals read as they always did."""
+        out: dict[str, Any] = {
             "number": self.number,
             "configs": [c.to_dict() for c in self.configs],
             "purpose": self.purpose.value,
             "repeats": self.repeats,
             "rounds": self.rounds,
         }
+        if self.labels:
+            out["labels"] = list(self.labels)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Proposal:
@@ -73,6 +81,7 @@ class Proposal:
                 purpose=Purpose(data["purpose"]),
                 repeats=int(data["repeats"]),
                 rounds=int(data.get("rounds", 1)),
+                labels=tuple(str(label) for label in data.get("labels", ())),
             )
         except KeyError as e:
             raise InputError(f"proposal.{e.args[0]}", "is required") from None

@@ -302,7 +302,10 @@ class SlotStudy:
 
     def _hand_out(self, trial: Trial, config: OverlapConfig) -> Proposal:
         purpose = self._purpose(trial, config)
-        proposal = Proposal(number=trial.number, configs=(config,), purpose=purpose, repeats=SEARCH_REPEATS)
+        labels = tuple(trial.user_attrs.get(BASELINE, ()))  # set by `_purpose`, or by the enqueue of a retry
+        proposal = Proposal(
+            number=trial.number, configs=(config,), purpose=purpose, repeats=SEARCH_REPEATS, labels=labels
+        )
         trial.set_user_attr(PURPOSE, purpose.value)
         trial.set_user_attr(CONFIG, config.to_dict())
         trial.set_user_attr(PROPOSAL, proposal.to_dict())  # last: from here on the trial is outstanding

@@ -28,7 +28,7 @@ from api.schemas import ClaimPublic, WorkerCreated
 from autotune.client import ApiError, Client, RequestRejected
 from autotune.inventory import worker_body
 from overlap_runtime.errors import InputError, LeaseLost, TrialFailure
-from overlap_runtime.runtime import Runtime
+from overlap_runtime.runtime import Runtime, open_runtime
 from overlap_runtime.shape import ModelShape, Slot
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ FORGOTTEN = (httpx.codes.NOT_FOUND, httpx.codes.UNAUTHORIZED)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerOptions:
     backend: str
-    """cpu (gloo ranks) or cuda (one GPU per rank)."""
+    """cpu (gloo ranks), cuda (one GPU per rank) or te (one GPU per rank, measured through TE)."""
     name: str | None = None
     """Shown on the dashboard; host-pid when None."""
     poll_s: float = 1.0
@@ -167,7 +167,9 @@ class WorkerLoop:
             self._runtime.close()
             self._runtime = None
         if self._runtime is None:
-            self._runtime = Runtime(tp=tp, backend=self.options.backend, trial_timeout_s=self.options.trial_timeout_s)
+            self._runtime = open_runtime(
+                tp=tp, backend=self.options.backend, trial_timeout_s=self.options.trial_timeout_s
+            )
         return self._runtime
 
     def _retrying(self, call: Any) -> Any:

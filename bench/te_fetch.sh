@@ -6,7 +6,7 @@
 #   bench/te_fetch.sh [DIR] [VERSION]
 #
 # The parts land in DIR/part_N; a call to the GPU machine carries one of them at a time and parks it there
-# (see bench/results/README.md, "TransformerEngine on the GPU machine").
+# (see README.md, "Measuring through TransformerEngine").
 set -euo pipefail
 
 dir=${1:-.whl/te}

@@ -52,3 +52,4 @@ import transformer_engine.pytorch as te
 versions = {name: md.version(name) for name in ("transformer-engine", "transformer-engine-cu13", "transformer-engine-torch")}
 print("transformer_engine.pytorch imports:", versions, "torch", torch.__version__, "initialize_ub" in dir(te))
 EOF
+echo "next, from the repository root: PYTHONPATH=$target\${PYTHONPATH:+:\$PYTHONPATH} python3 bench/te_check.py --out bench/results/te_check_h200.json"

@@ -24,6 +24,8 @@ from overlap_runtime.knobs import (
     MAX_NUM_SM,
     MAX_NUM_SPLITS,
     MAX_STREAMS,
+    TE,
+    TE_MAX_SMS,
     Kind,
     Knob,
     Method,
@@ -169,12 +171,25 @@ def check_config(
         config, (k for k in CONFIG_KNOBS if backend not in k.backends), f"has no meaning on the {backend} backend"
     )
     _check_knobs(config, gemm, limits)
-    if config.aggregate and (config.use_ce or (backend == "cuda" and config.use_ce is None)):
+    if backend == TE:
+        _check_te(config)
+    elif config.aggregate and (config.use_ce or (backend == "cuda" and config.use_ce is None)):
         raise ConfigError(
             "aggregate",
             "the copy-engine all-gather pushes each shard straight to every peer, so it has no ring steps to "
             "aggregate: aggregate needs use_ce=false (the send/recv ring)",
             True,
+        )
+
+
+def _check_te(config: OverlapConfig) -> None:
+    """What TE's userbuffers cannot run as asked, beyond the runtime's rules (docs/te_rules.md): the knobs of
+    our runtime alone are refused by `_leave_unset` (`Knob.backends`)."""
+    if config.method == Method.BULK and config.use_ce:
+        raise ConfigError("use_ce", "TE's bulk overlap always runs SM kernels of num_sm CTAs; leave it unset", True)
+    if config.num_sm is not None and config.num_sm > TE_MAX_SMS:
+        raise ConfigError(
+            "num_sm", f"TE's userbuffers comm kernels run at most NVTE_MAX_SMS={TE_MAX_SMS} CTAs", config.num_sm
         )
 
 

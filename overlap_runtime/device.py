@@ -43,6 +43,8 @@ ALIGN_SLEEP_MS = 2.0
 """What one such sleep is taken to last when sleeps are counted (`align_sleeps`)."""
 HOST_MARGIN = 1.5
 """`Device.align` sleeps this many times as long as the host is expected to take to queue the op."""
+EPOCH_LIMIT = 1 << 30
+"""Flags are int32 words compared with >=: epochs restart well before they could wrap (`PeerBuffer.next_epoch`)."""
 MAX_ALIGN_SLEEPS = 50
 """100 ms: a host slower than that to queue one op is not queueing (a compile, a stall), and must not turn
 every repeat into a long sleep."""
@@ -107,12 +109,17 @@ class Device(abc.ABC):
     jitter: Jitter
     """The check's random delays on this backend (`races.Jitter`)."""
 
-    def __init__(self, *, rank: int, tp: int, device: torch.device) -> None:
+    def __init__(self, *, rank: int, tp: int, device: torch.device, group: Any = None) -> None:
         self.rank = rank
         self.tp = tp
         self.device = device
+        self.pg = dist.group.WORLD if group is None else group
+        """The TP group every collective, rendezvous and barrier of this device runs on; ``rank`` and ``tp`` are
+        this rank's place in it and its size (a user's group under torchrun, or WORLD in our own `TPGroup`)."""
         self.sm_count = 0
-        self._groups: dict[CommOptions, Any] = {CommOptions(): dist.group.WORLD}
+        self._groups: dict[CommOptions, Any] = {CommOptions(): self.pg}
+        self.epoch_limit = EPOCH_LIMIT
+        """Flag epochs and counter totals restart from 0 before they pass this (`symmetric`)."""
         self.faults = FaultPlan()
         self.sites: dict[str, SiteKind] = {}
         """Every wait and flag-write site issued so far (what a test can plant, `races`)."""
@@ -238,13 +245,23 @@ class Device(abc.ABC):
         """`wait_flag` with a one-program kernel on the current stream: for a stream whose next op is a kernel."""
         value = self._awaited(site, value)
         if value > 0:
-            self.launch(lambda: self.kernels.spin(words[index : index + 1], value))
+            kwargs = self._paced()
+            self.launch(lambda: self.kernels.spin(words[index : index + 1], value, **kwargs))
+
+    def barrier(self) -> None:
+        """Every rank of the group reached this point (host side)."""
+        dist.barrier(group=self.pg)
 
     # -- communication --------------------------------------------------------------------------
     def group(self, options: CommOptions) -> Any:
         """A communicator shaped by ``options`` (created once, collectively, in the same order on all ranks)."""
         if options not in self._groups:
-            self._groups[options] = dist.new_group(list(range(self.tp)), pg_options=self._pg_options(options))
+            # Only the group's ranks take part: the other ranks of a DP x TP job never call this.
+            self._groups[options] = dist.new_group(
+                dist.get_process_group_ranks(self.pg),
+                pg_options=self._pg_options(options),
+                use_local_synchronization=True,
+            )
         return self._groups[options]
 
     def _pg_options(self, options: CommOptions) -> Any:
@@ -269,8 +286,8 @@ class Device(abc.ABC):
         """Point-to-point sends and receives issued together (NCCL send/recv kernels, or gloo threads)."""
 
         def issue(group: Any) -> list[Any]:
-            ops = [dist.P2POp(dist.isend, t, peer, group=group) for t, peer in sends]
-            ops += [dist.P2POp(dist.irecv, t, peer, group=group) for t, peer in recvs]
+            ops = [dist.P2POp(dist.isend, t, group=group, group_peer=peer) for t, peer in sends]
+            ops += [dist.P2POp(dist.irecv, t, group=group, group_peer=peer) for t, peer in recvs]
             return dist.batch_isend_irecv(ops) if ops else []
 
         return self._collective(options, issue)
@@ -300,7 +317,8 @@ class Device(abc.ABC):
             self._slow = None
 
     def _paced(self) -> dict[str, Any]:
-        """Extra arguments of the flag-waiting kernels: the pauses between their steps (`host_kernels`)."""
+        """Extra arguments of the flag-waiting kernels: the pauses between their steps and how long a wait may
+        last (`host_kernels`)."""
         return {}
 
     def _delay_s(self, stream: str) -> float:
@@ -344,8 +362,8 @@ class CudaDevice(Device):
     slowed stream: longer than most chunk GEMMs of the shapes the tests check."""
     SLEEP_CYCLES_PER_S = ALIGN_SLEEP_CYCLES / (ALIGN_SLEEP_MS * 1e-3)
 
-    def __init__(self, *, rank: int, tp: int, device: torch.device) -> None:
-        super().__init__(rank=rank, tp=tp, device=device)
+    def __init__(self, *, rank: int, tp: int, device: torch.device, group: Any = None) -> None:
+        super().__init__(rank=rank, tp=tp, device=device, group=group)
         self.sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         self._streams: dict[tuple[str, int, int], Any] = {}
         self._names: dict[int, str] = {}
@@ -388,7 +406,7 @@ class CudaDevice(Device):
 
     def symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
         local = symm_mem.empty(*shape, dtype=dtype, device=self.device)
-        handle = symm_mem.rendezvous(local, dist.group.WORLD)
+        handle = symm_mem.rendezvous(local, self.pg.group_name)
         return local, [handle.get_buffer(p, shape, dtype) for p in range(self.tp)]
 
     def _write_flag(self, words: torch.Tensor, index: int, value: int, *, early: bool) -> None:
@@ -426,10 +444,10 @@ class CudaDevice(Device):
         took 1.6-3.5 ms of Python per call and was timed at 1.30-1.65 ms behind a fixed 2 ms sleep, against
         0.28 ms with a sleep that outlasts the host."""
         self.synchronize()
-        dist.barrier()
+        self.barrier()
         for _ in range(align_sleeps(host_ms)):
             torch.cuda._sleep(ALIGN_SLEEP_CYCLES)
-        dist.all_reduce(torch.zeros(1, device=self.device))
+        dist.all_reduce(torch.zeros(1, device=self.device), group=self.pg)
 
 
 class Timer:

@@ -9,8 +9,8 @@ staging) on CPU, and a missing wait or an early flag gives wrong numbers there a
   unlinked once all ranks mapped it (`HostDevice.symmetric`).  A copy into a peer's buffer is a memcpy into
   its mapping; the "copy engine" is the comm stream's thread.
 - Flags are int32 words of such buffers: a write is queued in stream order, a wait (stream memop or spinning
-  kernel alike) blocks its stream until the word reaches the value, polling it, for at most `WAIT_LIMIT_S`
-  (a flag that never comes fails the call instead of hanging it).  Stores and loads of x86 are not
+  kernel alike) blocks its stream until the word reaches the value, polling it, for at most ``wait_limit_s``
+  (`WAIT_LIMIT_S` unless told; a flag that never comes, a peer that died, fails the call instead of hanging it).  Stores and loads of x86 are not
   reordered against each other (TSO), so data written before a flag is visible to the reader that saw it.
 - Collectives (gloo) run on one "NCCL" stream per communicator in the order the host issued them, each
   once the issuing stream reached it, as NCCL's own stream does; ``Work.wait`` makes the current stream wait.
@@ -67,8 +67,9 @@ def _after(delay_s: float, work: Callable[[], Any]) -> Callable[[], None]:
 class HostEvent:
     """A point in a stream's order: set when the stream has run everything queued before it."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit_s: float = WAIT_LIMIT_S) -> None:
         self._done = threading.Event()
+        self.limit_s = limit_s
         self.time = math.nan
         """`time.perf_counter` when recorded."""
 
@@ -77,8 +78,8 @@ class HostEvent:
         self._done.set()
 
     def wait(self) -> None:
-        if not self._done.wait(WAIT_LIMIT_S):
-            raise StreamError(f"an event was not recorded within {WAIT_LIMIT_S:g} s")
+        if not self._done.wait(self.limit_s):
+            raise StreamError(f"an event was not recorded within {self.limit_s:g} s")
 
 
 class HostStream:
@@ -101,6 +102,9 @@ class HostStream:
         # OpenMP's thread count is per thread: without this a stream's matmuls would use every core, and
         # oversubscribed cores made a tiny GEMM take 40-70 ms.
         torch.set_num_threads(threads)
+        # Device work never records autograd: the layers queue it from autograd functions, where grad mode is off
+        # on the caller's thread only (it is per thread).
+        torch.set_grad_enabled(False)
         while True:
             work = self._queue.get()
             try:
@@ -119,8 +123,12 @@ class HostDevice(Device):
     """Random delays of up to 0.5 ms, 2 ms before every op of a slowed stream: many times a small op's own run
     time on CPU."""
 
-    def __init__(self, *, rank: int, tp: int, device: torch.device) -> None:
-        super().__init__(rank=rank, tp=tp, device=device)
+    def __init__(
+        self, *, rank: int, tp: int, device: torch.device, group: Any = None, wait_limit_s: float = WAIT_LIMIT_S
+    ) -> None:
+        super().__init__(rank=rank, tp=tp, device=device, group=group)
+        self.wait_limit_s = wait_limit_s
+        """The longest any wait of this device blocks its stream (a flag, an event, a peer's collective)."""
         self._main = HostStream("main", rank=rank)
         self._current = self._main
         self._streams: dict[tuple[str, int, int], HostStream] = {}
@@ -153,11 +161,12 @@ class HostDevice(Device):
 
     def _paced(self) -> dict[str, Any]:
         if self._draws is None:
-            return {}
-        return {"pause": self._draws.pauses(self.jitter.slow_s if self._current.name == self._slow else 0.0)}
+            return {"limit_s": self.wait_limit_s}
+        pause = self._draws.pauses(self.jitter.slow_s if self._current.name == self._slow else 0.0)
+        return {"pause": pause, "limit_s": self.wait_limit_s}
 
     def mark(self) -> HostEvent:
-        event = HostEvent()
+        event = HostEvent(self.wait_limit_s)
         self._submit(event.record)
         return event
 
@@ -166,7 +175,7 @@ class HostDevice(Device):
 
     def synchronize(self) -> None:
         for stream in self._all_streams():
-            done = HostEvent()
+            done = HostEvent(self.wait_limit_s)
             stream.submit(done.record)
             done.wait()
         for stream in self._all_streams():
@@ -183,16 +192,16 @@ class HostDevice(Device):
         numel = math.prod(shape)
         # rank 0 names the files (one per rank) and picks where they go, for every rank alike
         where = [_shared_dir(self.tp * numel * dtype.itemsize) / f"overlap-{os.getpid()}-{secrets.token_hex(4)}"]
-        dist.broadcast_object_list(where, src=0)
+        dist.broadcast_object_list(where, group=self.pg, group_src=0)
 
         def mapped(rank: int) -> torch.Tensor:
             path = f"{where[0]}-{rank}"
             return torch.from_file(path, shared=True, size=numel, dtype=dtype).view(shape)
 
         local = mapped(self.rank)  # creates the file, zeroed
-        dist.barrier()
+        self.barrier()
         peers = [local if p == self.rank else mapped(p) for p in range(self.tp)]
-        dist.barrier()
+        self.barrier()
         Path(f"{where[0]}-{self.rank}").unlink()
         return local, peers
 
@@ -208,13 +217,13 @@ class HostDevice(Device):
             self._submit(write)
 
     def _wait_flag(self, words: torch.Tensor, index: int, value: int) -> None:
-        self._submit(lambda: wait_until(words, index, value))
+        self._submit(lambda: wait_until(words, index, value, limit_s=self.wait_limit_s))
 
     def _collective(self, options: CommOptions, issue: Callable[[Any], list[Any]]) -> Work:
         group = self.group(options)
         if options not in self._comm_streams:
             self._comm_streams[options] = HostStream("nccl", rank=self.rank)
-        issued, done = self.mark(), HostEvent()
+        issued, done = self.mark(), HostEvent(self.wait_limit_s)
 
         def run() -> None:
             issued.wait()
@@ -228,4 +237,4 @@ class HostDevice(Device):
     def align(self, host_ms: float = 0.0) -> None:
         """Start all ranks together: every stream idle, then a barrier."""
         self.synchronize()
-        dist.barrier()
+        self.barrier()

@@ -20,7 +20,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -86,8 +86,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, tp: int, backend: str, port: int, conn: Connection) -> None:
-    os.environ.update(_SAFE_ENV)
+def _rank_main(rank: int, tp: int, backend: str, port: int, conn: Connection, env: dict[str, str]) -> None:
+    os.environ.update(_SAFE_ENV | env)
     import torch
     import torch.distributed as dist
 
@@ -159,10 +159,18 @@ class TPGroup:
     """``tp`` rank processes on ``backend`` ("cuda": one GPU each; "cpu": gloo), restarted after a failure."""
 
     def __init__(
-        self, *, tp: int, backend: str, start_timeout_s: float = 120.0, compile_limit_s: float = COMPILE_LIMIT_S
+        self,
+        *,
+        tp: int,
+        backend: str,
+        start_timeout_s: float = 120.0,
+        compile_limit_s: float = COMPILE_LIMIT_S,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.tp = tp
         self.backend = backend
+        self.env = dict(env or {})
+        """Environment variables every rank sets before it imports torch (the te backend's, `te_args.TE_ENV`)."""
         self.start_timeout_s = start_timeout_s
         self.compile_limit_s = compile_limit_s
         self._procs: list[mp.process.BaseProcess] = []
@@ -243,7 +251,9 @@ class TPGroup:
         port = _free_port()
         for rank in range(self.tp):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(rank, self.tp, self.backend, port, child), daemon=True)
+            proc = ctx.Process(
+                target=_rank_main, args=(rank, self.tp, self.backend, port, child, self.env), daemon=True
+            )
             proc.start()
             child.close()
             self._procs.append(proc)

@@ -128,14 +128,22 @@ def _use_next(ops: Operands, sets: list[tuple[torch.Tensor, ...]]) -> tuple[torc
 def time_region(
     dev: Device, ops: Operands, sets: list, fn: Callable[[], None], *, repeats: int, warmup: int
 ) -> list[float]:
-    """Per-repeat times of ``fn`` in ms, each the slowest rank's, ranks aligned before every repeat.
+    """`time_calls` of ``fn``, each call on the next of ``sets`` (`Operands.turn`)."""
+    return time_calls(dev, lambda: _use_next(ops, sets), fn, repeats=repeats, warmup=warmup)
+
+
+def time_calls(
+    dev: Device, before: Callable[[], object], fn: Callable[[], None], *, repeats: int, warmup: int
+) -> list[float]:
+    """Per-repeat times of ``fn`` in ms, each the slowest rank's, ranks aligned before every repeat;
+    ``before()`` runs ahead of each call, untimed (it hands the call its next inputs).
 
     The warm-up calls also time the host: each repeat's alignment sleeps long enough for this rank to queue
     all of ``fn`` (`Device.align`; its closing all-reduce holds every rank until the longest sleep is over),
     so on CUDA only the GPU's work is timed."""
     host_ms = []
     for _ in range(warmup):
-        _use_next(ops, sets)
+        before()
         t0 = time.perf_counter()
         fn()
         host_ms.append((time.perf_counter() - t0) * 1e3)
@@ -144,7 +152,7 @@ def time_region(
     queue_ms = statistics.median(host_ms[1:] or host_ms) if host_ms else 0.0
     timers = [Timer(dev) for _ in range(repeats)]
     for timer in timers:
-        _use_next(ops, sets)
+        before()
         dev.align(queue_ms)
         timer.start()
         fn()
@@ -152,21 +160,22 @@ def time_region(
     dev.synchronize()
     mine = torch.tensor([t.ms() for t in timers], dtype=torch.float64, device=dev.device)
     every = [torch.empty_like(mine) for _ in range(dev.tp)]
-    dist.all_gather(every, mine)
+    dist.all_gather(every, mine, group=dev.pg)
     return torch.stack(every).max(dim=0).values.tolist()
 
 
-def _rel_err(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+def relative_error(dev: Device, got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """``‖got − want‖ / ‖want‖`` over all the tensors together, the worst rank's (inf when not finite)."""
     num = sum(float((g.double() - w.double()).norm() ** 2) for g, w in zip(got, want, strict=True))
     den = sum(float(w.double().norm() ** 2) for w in want)
     err = math.sqrt(num / den) if den > 0 else math.sqrt(num)
     worst = torch.tensor([err if math.isfinite(err) else math.inf], dtype=torch.float64, device=dev.device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=dev.pg)
     return float(worst.item())
 
 
 @dataclass(kw_only=True)
-class _Timed:
+class Timed:
     """One timed thing's repeats as they accumulate, round after round, and where each round ran."""
 
     samples: list[float] = field(default_factory=list)
@@ -174,9 +183,15 @@ class _Timed:
 
     def time(self, ctx: RankContext, dev: Device, ops: Operands, sets: list, fn: Callable[[], None], **timing) -> None:
         """One round: ``fn`` timed by `time_region`, at the group's next position."""
+        self.time_calls(ctx, dev, lambda: _use_next(ops, sets), fn, **timing)
+
+    def time_calls(
+        self, ctx: RankContext, dev: Device, before: Callable[[], object], fn: Callable[[], None], **timing
+    ) -> None:
+        """One round: ``fn`` timed by `time_calls` (``before`` ahead of each call), at the group's next position."""
         position = ctx.state.get("timed_regions", 0)
         ctx.state["timed_regions"] = position + 1
-        self.samples += time_region(dev, ops, sets, fn, **timing)
+        self.samples += time_calls(dev, before, fn, **timing)
         self.positions.append(position)
 
     def series(self) -> Series:
@@ -193,7 +208,7 @@ class _Problem:
 
     ops: Operands
     sets: list
-    timed: dict[str, _Timed] = field(default_factory=lambda: {name: _Timed() for name, _ in _BASELINES})
+    timed: dict[str, Timed] = field(default_factory=lambda: {name: Timed() for name, _ in _BASELINES})
 
     def time(self, ctx: RankContext, dev: Device, **timing) -> None:
         for name, fn in _BASELINES:
@@ -216,7 +231,7 @@ class _Candidate:
     sets: list
     plan: Plan
     rel_err: float = math.nan
-    timed: _Timed = field(default_factory=_Timed)
+    timed: Timed = field(default_factory=Timed)
 
     def call(self, dev: Device) -> None:
         if self.config.method == Method.NONE:
@@ -302,10 +317,10 @@ def _check_numerics(dev: Device, c: _Candidate, *, seed: int = 0) -> float:
             serial(dev, ops)
             dev.synchronize()
             references[id(inputs)] = [t.clone() for t in ops.outputs()]
-    dist.barrier()  # every rank's reference is done before any rank's poison: no transfer is in flight
+    dev.barrier()  # every rank's reference is done before any rank's poison: no transfer is in flight
     ops.poison(dev)
     dev.synchronize()
-    dist.barrier()
+    dev.barrier()
     got, want = [], []
     with dev.jittered(seed):
         for inputs, slow in zip(turns, schedule, strict=True):
@@ -315,7 +330,7 @@ def _check_numerics(dev: Device, c: _Candidate, *, seed: int = 0) -> float:
                 got += [dev.copy(torch.empty_like(t), t) for t in ops.outputs()]
             want += references[id(inputs)]
         dev.synchronize()
-    return _rel_err(dev, got, want)
+    return relative_error(dev, got, want)
 
 
 def _stage(dev: Device, ops: Operands, inputs: tuple[torch.Tensor, ...]) -> None:

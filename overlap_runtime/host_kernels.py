@@ -4,7 +4,8 @@ same stores, so the protocols around them race on CPU as they would on the GPU.
 
 What the GPU kernels spread over programs runs here one chunk (gather) or one segment (scatter) at a time, in
 the order a program meets them: the waits are per chunk and per segment in both.  A wait polls the flag word,
-which another rank's emulated copy engine writes (`wait_until`); it gives up after `WAIT_LIMIT_S`.  ``pause``
+which another rank's emulated copy engine writes (`wait_until`); it gives up after ``limit_s`` (the device's
+``wait_limit_s``, `WAIT_LIMIT_S` unless told).  ``pause``
 runs before every step (the emulation's random delays, `races.Draws.pauses`): GPU programs do not keep pace
 with each other either, so a step may read long after the one before.
 """
@@ -35,39 +36,43 @@ class StreamError(AutotuneError, RuntimeError):
     the work raised (`emulation.HostDevice.synchronize` says which stream)."""
 
 
-def wait_until(words: torch.Tensor, index: int, value: int) -> None:
-    """Block until the int32 ``words[index]`` (memory that another thread or rank writes) is at least ``value``."""
+def wait_until(words: torch.Tensor, index: int, value: int, *, limit_s: float = WAIT_LIMIT_S) -> None:
+    """Block until the int32 ``words[index]`` (memory that another thread or rank writes) is at least ``value``;
+    `StreamError` after ``limit_s`` (a peer that died never raises its flag)."""
     word = words.numpy()[index : index + 1]  # a view: every read goes to memory
-    deadline = time.monotonic() + WAIT_LIMIT_S
+    deadline = time.monotonic() + limit_s
     pause, longest = POLL_S
     while word[0] < value:
         if time.monotonic() > deadline:
-            raise StreamError(f"flag word {index} stayed at {int(word[0])} < {value} for {WAIT_LIMIT_S:g} s")
+            raise StreamError(f"flag word {index} stayed at {int(word[0])} < {value} for {limit_s:g} s")
         time.sleep(pause)
         pause = min(2 * pause, longest)
 
 
-def spin(flag: torch.Tensor, target: int) -> None:
+def spin(flag: torch.Tensor, target: int, *, pause: Callable[[], None] = _no_pause,
+         limit_s: float = WAIT_LIMIT_S) -> None:  # fmt: skip
     """`flag_kernels.spin`: return once ``flag[0]`` reaches ``target``."""
-    wait_until(flag, 0, target)
+    wait_until(flag, 0, target, limit_s=limit_s)
+    pause()
 
 
 def reduce_when_ready(out: torch.Tensor, own: torch.Tensor, received: torch.Tensor, ready: torch.Tensor,
-                      *, epoch: int, rank: int, pause: Callable[[], None] = _no_pause) -> None:  # fmt: skip
+                      *, epoch: int, rank: int, pause: Callable[[], None] = _no_pause,
+                      limit_s: float = WAIT_LIMIT_S) -> None:  # fmt: skip
     """`flag_kernels.reduce_when_ready`: ``out = own + sum(received[s])``, each source's slot read once its flag
     reached ``epoch``; sums in fp32, in source order."""
     acc = own.to(torch.float32, copy=True)
     for src in range(received.shape[0]):
         if src != rank:
-            wait_until(ready, src, epoch)
+            wait_until(ready, src, epoch, limit_s=limit_s)
             pause()
             acc += received[src]
     out.copy_(acc)
 
 
 def gather_matmul(a: torch.Tensor, ring: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, ready: torch.Tensor,
-                  epoch: int, rank: int, num_sms: int | None,
-                  pause: Callable[[], None] = _no_pause) -> None:  # fmt: skip
+                  epoch: int, rank: int, num_sms: int | None, pause: Callable[[], None] = _no_pause,
+                  limit_s: float = WAIT_LIMIT_S) -> None:  # fmt: skip
     """`ring_gemm.gather_matmul`: the local shard first (read in place), then each peer's chunk in ring order
     once its ready flag reached ``epoch``."""
     rows = a.shape[0]
@@ -75,14 +80,15 @@ def gather_matmul(a: torch.Tensor, ring: torch.Tensor, b: torch.Tensor, out: tor
     torch.mm(a, b, out=out[rank * rows : (rank + 1) * rows])
     for step in range(1, chunks):
         src = (rank - step) % chunks
-        wait_until(ready, src, epoch)
+        wait_until(ready, src, epoch, limit_s=limit_s)
         pause()
         torch.mm(ring[src * rows : (src + 1) * rows], b, out=out[src * rows : (src + 1) * rows])
 
 
 def scatter_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, parts: torch.Tensor,
                    counts: torch.Tensor, recv: torch.Tensor, ready: torch.Tensor, epoch: int, rank: int,
-                   plan: ScatterPlan, pause: Callable[[], None] = _no_pause) -> None:  # fmt: skip
+                   plan: ScatterPlan, pause: Callable[[], None] = _no_pause,
+                   limit_s: float = WAIT_LIMIT_S) -> None:  # fmt: skip
     """`ring_gemm.scatter_matmul`: each other owner's chunk first (owner rank+1+s at step s), segment by segment
     stored into ``parts[s]`` in the segment layout and counted (its tiles) once stored; then our own chunk,
     each segment once every source's flag for it reached ``epoch``, plus what they sent."""
@@ -102,7 +108,7 @@ def scatter_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, parts
         acc = _segment_product(a, b, rank * rows, seg)
         sources = [(rank - d) % chunks for d in range(1, chunks)]
         for src in sources:
-            wait_until(ready, src * lanes + j, epoch)
+            wait_until(ready, src * lanes + j, epoch, limit_s=limit_s)
         pause()
         for src in sources:
             acc += recv[src].view(-1)[seg.offset : seg.offset + seg.numel].view(acc.shape)

@@ -17,7 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-BACKENDS = ("cpu", "cuda")
+RUNTIME_BACKENDS = ("cpu", "cuda")
+"""The backends our own runtime measures on: gloo ranks on an emulated GPU, or CUDA GPUs."""
+TE = "te"
+"""The backend that measures through TransformerEngine itself (`overlap_runtime.te_backend`)."""
+BACKENDS = (*RUNTIME_BACKENDS, TE)
 GEMM_KINDS = ("triton", "cublas")
 MAX_NUM_SM = 64
 MAX_NUM_SPLITS = 16
@@ -25,6 +29,8 @@ MAX_CGA_SIZE = 4
 MAX_STREAMS = 4
 DEFAULT_STREAMS = 2
 """Compute streams a chunked method rotates over on CUDA when ``num_max_streams`` is unset."""
+TE_MAX_SMS = 32
+"""userbuffers' NVTE_MAX_SMS: TE's comm kernels are built for at most 32 CTAs (docs/te_rules.md, NVTE_MAX_SMS = 32)."""
 C_INT = (-(1 << 31), (1 << 31) - 1)
 """What a C ``int`` holds: the bound of a stream priority before the device narrows it (`DeviceLimits`)."""
 
@@ -96,7 +102,8 @@ class Knob:
     """TE's default where it depends on neither the slot nor the method (`get_default_config`); None where it
     does (`search_spaces.te_dict.te_defaults`) or where the device decides (stream priorities)."""
     backends: tuple[str, ...] = BACKENDS
-    """Our backends where it means something; on the others it must stay unset."""
+    """Our backends where it means something; on the others it must stay unset.  The ``te`` backend takes
+    exactly TE's keys (TE picks its own GEMM, streams and transfers), so our runtime's knobs leave it out."""
     overlap_only: bool = True
     """Meaningless for `Method.NONE`, where nothing overlaps, so it must stay unset there."""
     fp8: Fp8Use | None = None
@@ -123,6 +130,8 @@ class Knob:
 _ALL = frozenset(TE_METHODS)
 _COMM = frozenset({Method.RING_EXCHANGE, Method.PIPELINE})
 _CUDA = ("cuda",)
+_GPU = ("cuda", TE)
+_OURS = RUNTIME_BACKENDS
 
 KNOBS: tuple[Knob, ...] = (
     # TE's keys, in the order NVIDIA's preset files write them.
@@ -148,7 +157,7 @@ KNOBS: tuple[Knob, ...] = (
         kind=Kind.COUNT,
         origin=Origin.TE,
         te_methods=_ALL,
-        backends=_CUDA,
+        backends=_GPU,
         bounds=(1, MAX_NUM_SM),
         help="SMs for SM-driven communication (NCCL CTAs); with set_sm_margin also taken from the GEMM.",
     ),
@@ -157,7 +166,7 @@ KNOBS: tuple[Knob, ...] = (
         kind=Kind.COUNT,
         origin=Origin.TE,
         te_methods=_ALL,
-        backends=_CUDA,
+        backends=_GPU,
         bounds=(1, MAX_CGA_SIZE),
         help="Cluster size of SM-driven comm kernels (at most num_sm).",
     ),
@@ -176,7 +185,7 @@ KNOBS: tuple[Knob, ...] = (
         kind=Kind.FLAG,
         origin=Origin.TE,
         te_methods=_ALL,
-        backends=_CUDA,
+        backends=_GPU,
         cli="--set-sm-margin/--no-sm-margin",
         help="Hold the GEMM to sm_count - num_sm SMs.",
     ),
@@ -214,7 +223,7 @@ KNOBS: tuple[Knob, ...] = (
         origin=Origin.TE,
         te_methods=_COMM,
         te_default=False,
-        backends=_CUDA,
+        backends=_GPU,
         fp8=Fp8Use.GEMM,
         help="FP8 GEMMs: cuBLAS's atomic GEMM, which signals each finished chunk to the communicator.",
     ),
@@ -231,7 +240,7 @@ KNOBS: tuple[Knob, ...] = (
         kind=Kind.INTEGER,
         origin=Origin.TE,
         te_methods=_ALL,
-        backends=_CUDA,
+        backends=_GPU,
         bounds=C_INT,
         help="CUDA stream priority of the comm stream, within the device's range (lower is more urgent; TE: "
         "the most urgent).",
@@ -241,7 +250,7 @@ KNOBS: tuple[Knob, ...] = (
         kind=Kind.INTEGER,
         origin=Origin.TE,
         te_methods=_ALL,
-        backends=_CUDA,
+        backends=_GPU,
         bounds=C_INT,
         help="CUDA stream priority of the GEMM streams, within the device's range (TE: the least urgent).",
     ),
@@ -258,6 +267,7 @@ KNOBS: tuple[Knob, ...] = (
         name="gemm",
         kind=Kind.CHOICE,
         origin=Origin.RUNTIME,
+        backends=_OURS,
         choices=GEMM_KINDS,
         overlap_only=False,
         help="Which GEMM runs the chunks: triton (ours, SM-bounded) or cublas (on cpu both are torch.mm).",
@@ -266,6 +276,7 @@ KNOBS: tuple[Knob, ...] = (
         name="fused",
         kind=Kind.FLAG,
         origin=Origin.RUNTIME,
+        backends=_OURS,
         help="ring_exchange with gemm=triton: all tp chunks in one launch of our GEMM that moves them itself "
         "(all-gather: waits in-kernel for each copy-engine push; reduce-scatter: counts each segment of a "
         "partial done for the copy engine to push to its owner, and adds the ones received).",

@@ -92,6 +92,10 @@ class Measurement:
     hidden_ci: tuple[float, float] | None = None
     """95% bootstrap interval of `hidden_frac` (`uncertainty.hidden_replicates`); None when not computed
     (results from before, replays)."""
+    ub_init_ms: float | None = None
+    """The ``te`` backend: time this trial spent (re)initializing TE's userbuffers for this config (every
+    round whose config differs from the one before; 0 when it reused the communicators); None on our runtime,
+    which has no userbuffers."""
 
     @classmethod
     def measured(cls, *, overlap: Series, baselines: Baselines, rel_err: float, valid: bool) -> Measurement:
@@ -162,6 +166,7 @@ class Measurement:
             "positions": list(self.positions),
             "baselines": None if self.baselines is None else self.baselines.to_dict(),
             "hidden_ci": None if self.hidden_ci is None else list(self.hidden_ci),
+            "ub_init_ms": self.ub_init_ms,
             "exposed_ms": self.exposed_ms,
             "hidden_frac": self.hidden_frac,
         }
@@ -179,6 +184,7 @@ class Measurement:
             positions=tuple(data.get("positions", ())),
             baselines=None if baselines is None else Baselines.from_dict(baselines),
             hidden_ci=None if ci is None else (ci[0], ci[1]),
+            ub_init_ms=data.get("ub_init_ms"),
         )
 
 

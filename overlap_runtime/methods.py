@@ -91,6 +91,10 @@ class Operands:
     scratch: dict[tuple[str, tuple[int, ...]], Any] = field(default_factory=dict)
     turn: int = 0
     """Calls that took an input set so far (`harness`): the next call takes set ``turn % sets``."""
+    keep_gathered: bool = False
+    """A coupled all-gather leaves the whole gathered input in `gathered` after the call, whatever its method
+    (a layer's weight gradient reads it); the copy-engine rings then copy it out of their peer buffer before
+    telling the peers that they may push again."""
 
     @property
     def rows(self) -> int:
@@ -120,6 +124,7 @@ class Operands:
         key = (name, (n,))
         if key not in self.scratch:
             self.scratch[key] = Counters(dev, n)
+        self.scratch[key].begin()
         return self.scratch[key]
 
     def outputs(self) -> list[torch.Tensor]:
@@ -441,7 +446,17 @@ def _fused_ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
     peer's chunk once its ready flag arrives (`ring_gemm.gather_matmul`)."""
     buf, e, comm = _push_shard(dev, ops, plan)
     dev.gather_gemm(ops.a, buf, ops.b, ops.out, epoch=e, num_sms=plan.gemm_sms, site="fused_ag.arrived")
+    _keep_gathered(dev, ops, buf)
     _finish(dev, comm, buf, e)
+
+
+def _keep_gathered(dev: Device, ops: Operands, buf: PeerBuffer) -> None:
+    """On the main stream, after the GEMMs that waited for every chunk: the gathered input into `gathered`
+    when the caller keeps it (`Operands.keep_gathered`); the peers' chunks are still ours until `_finish`."""
+    if ops.keep_gathered:
+        gathered = ops.gathered()
+        dev.copy(gathered, buf.local)
+        dev.copy(gathered[ops.chunk(dev.rank)], ops.a)
 
 
 def _fused_ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
@@ -490,6 +505,7 @@ def _ring_ag_ce(dev: Device, ops: Operands, plan: Plan) -> None:
             buf.spin(src, READY, e, site="ring_ag_ce.arrived")
             gemm(buf.local[ops.chunk(src)], ops.b, ops.out[ops.chunk(src)])
     lanes.join()
+    _keep_gathered(dev, ops, buf)
     _finish(dev, comm, buf, e)
 
 

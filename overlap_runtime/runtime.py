@@ -6,9 +6,12 @@ CLI and the service can import this module in well under a second.
 
 from __future__ import annotations
 
-from overlap_runtime.config import BACKENDS, DeviceLimits, OverlapConfig, check_config, problem
+from collections.abc import Callable
+
+from overlap_runtime.config import DeviceLimits, OverlapConfig, check_config, problem
 from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.group import TPGroup
+from overlap_runtime.knobs import BACKENDS, RUNTIME_BACKENDS, TE
 from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.shape import ModelShape, Slot
 
@@ -27,15 +30,27 @@ class Runtime:
     """
 
     def __init__(self, *, tp: int, backend: str, trial_timeout_s: float = 180.0) -> None:
-        if backend not in BACKENDS:
-            raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
-        if backend == "cuda" and available_gpus() < tp:
-            raise ConfigError("backend", f"cuda needs tp={tp} GPUs but this host has {available_gpus()}", backend)
+        if backend not in self.backends:
+            raise ConfigError("backend", f"must be one of {', '.join(self.backends)}", backend)
+        if backend != "cpu" and available_gpus() < tp:
+            raise ConfigError("backend", f"{backend} needs tp={tp} GPUs but this host has {available_gpus()}", backend)
         self.tp = tp
         self.backend = backend
         self.trial_timeout_s = trial_timeout_s
-        self.group = TPGroup(tp=tp, backend=backend)
+        self.group = self._group()
         self._limits: DeviceLimits | None = None
+
+    backends: tuple[str, ...] = RUNTIME_BACKENDS
+    """The backends this class measures on (`te_backend.TeRuntime` takes the te backend)."""
+
+    def _group(self) -> TPGroup:
+        return TPGroup(tp=self.tp, backend=self.backend)
+
+    def _measure_task(self) -> Callable[..., list[Measurement]]:
+        """The rank task that measures a batch of configs (`harness.measure_task`'s arguments)."""
+        from overlap_runtime.harness import measure_task
+
+        return measure_task
 
     def __enter__(self) -> Runtime:
         return self
@@ -49,7 +64,7 @@ class Runtime:
     @property
     def limits(self) -> DeviceLimits | None:
         """The GPU's SM count and stream priorities (None on CPU), read from rank 0's device once."""
-        if self.backend == "cuda" and self._limits is None:
+        if self.backend != "cpu" and self._limits is None:
             from overlap_runtime.harness import limits_task
 
             self._limits = self.group.run(limits_task)[0]
@@ -96,7 +111,7 @@ class Runtime:
         (the default: what a result you quote needs) or cached per process and problem (search trials)."""
         for config in configs:
             self.check(shape, slot, config)
-        from overlap_runtime.harness import measure_task
+        measure_task = self._measure_task()
 
         # Same-round baselines time three more regions per problem and round.
         problems = {problem(shape, Slot(slot), c.method) for c in configs}
@@ -114,3 +129,14 @@ class Runtime:
             timeout_s=timeout,
         )
         return results[0]
+
+
+def open_runtime(*, tp: int, backend: str, trial_timeout_s: float = 180.0) -> Runtime:
+    """The runtime of ``backend``: ours (cpu, cuda), or TE's (te), which fails at once without TE installed."""
+    if backend == TE:
+        from overlap_runtime.te_backend import TeRuntime
+
+        return TeRuntime(tp=tp, trial_timeout_s=trial_timeout_s)
+    if backend not in BACKENDS:
+        raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
+    return Runtime(tp=tp, backend=backend, trial_timeout_s=trial_timeout_s)

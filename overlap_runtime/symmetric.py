@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 if TYPE_CHECKING:
     from overlap_runtime.device import Device
@@ -71,6 +70,14 @@ class Counters:
         self.words = torch.zeros(n, dtype=torch.int32, device=dev.device)
         self.totals = [0] * n
 
+    def begin(self) -> None:
+        """Before a call's kernel: restart the words from 0 once a total nears ``dev.epoch_limit`` (local
+        words: waiting for this rank's streams to finish is enough)."""
+        if max(self.totals) >= self.dev.epoch_limit:
+            self.dev.synchronize()
+            self.words.zero_()
+            self.totals = [0] * len(self.totals)
+
     def wait(self, i: int, added: int, *, site: str) -> None:
         """Stall the current stream until word ``i`` has grown by ``added`` in this call."""
         self.totals[i] += added
@@ -90,14 +97,26 @@ class PeerBuffer:
         self.local, self.peers = dev.symmetric(shape, dtype)
         self.flags, self._peer_flags = dev.symmetric((2 * self.world * lanes,), torch.int32)
         """This rank's flag words, [READY per source and lane, ACK per source and lane], and every rank's."""
+        self._restart()
+
+    def _restart(self) -> None:
+        """Every rank's flags at 0, epoch 0 (collective: every rank of the group calls it together)."""
+        self.dev.synchronize()
+        self.dev.barrier()  # no rank still reads or writes the flags of the previous epochs
         self.flags.zero_()
         self.epoch = 0
-        dev.synchronize()
-        dist.barrier()
+        self.dev.synchronize()
+        self.dev.barrier()
 
     def next_epoch(self) -> int:
         """The flag value of the call starting now.  Counted per buffer, not per call of the op: a flag
-        awaited at epoch e-1 must have been written at e-1, whatever other methods ran in between."""
+        awaited at epoch e-1 must have been written at e-1, whatever other methods ran in between.
+
+        Before the int32 flags could wrap (``dev.epoch_limit``), every rank restarts them from 0: ranks call
+        the same ops in the same order, so they all reach the limit in the same call, and after a device
+        synchronize and a barrier no flag of an earlier epoch is still awaited anywhere."""
+        if self.epoch >= self.dev.epoch_limit:
+            self._restart()
         self.epoch += 1
         return self.epoch
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 
 import torch
-import torch.distributed as dist
 
 from overlap_runtime.config import Method, problem
 from overlap_runtime.group import RankContext
@@ -30,7 +29,7 @@ def fused_task(ctx: RankContext, shape: ModelShape, slot: Slot, *, repeats: int 
     dev = device_of(ctx)
     gemm = problem(shape, slot, Method.RING_EXCHANGE)
     ops, sets = make_operands(dev, gemm, seed=0)
-    name = dist.group.WORLD.group_name
+    name = dev.pg.group_name
 
     def fused() -> torch.Tensor:
         if gemm.collective == Collective.ALL_GATHER:

@@ -4,10 +4,12 @@ Pure Python + yaml (no torch): the service and the API use it on machines withou
 """
 
 from overlap_runtime.shape import ModelShape, Slot
+from search_spaces.bridge import bridge_file_name, parse_bridge, read_bridge, write_bridge
 from search_spaces.catalog import CATALOG, SlotInfo, off_switch, search_methods, slot_info, tunable_slots
 from search_spaces.defaults import as_runnable, te_default
 from search_spaces.export import SlotResult, preset_from_results
 from search_spaces.nemo_yaml import parse_file_name, parse_nemo, preset_file_name, read_nemo, write_nemo
+from search_spaces.preset_files import parse_te_json, presets_in, read_preset
 from search_spaces.presets import Preset, PresetError, PresetWarning
 from search_spaces.registry import PresetRegistry, distance, nearest, nvidia_presets
 from search_spaces.space import Param, SlotSpace, slot_space
@@ -27,16 +29,22 @@ __all__ = [
     "SlotResult",
     "SlotSpace",
     "as_runnable",
+    "bridge_file_name",
     "distance",
     "nearest",
     "nvidia_presets",
     "off_switch",
+    "parse_bridge",
     "parse_file_name",
     "parse_nemo",
+    "parse_te_json",
     "preset_file_name",
     "preset_from_results",
     "preset_json",
+    "presets_in",
+    "read_bridge",
     "read_nemo",
+    "read_preset",
     "search_methods",
     "slot_info",
     "slot_space",
@@ -44,5 +52,6 @@ __all__ = [
     "te_default",
     "to_te_dict",
     "tunable_slots",
+    "write_bridge",
     "write_nemo",
 ]

@@ -11,6 +11,8 @@ unset (`check_config`).  `as_runnable` maps one to the other:
 - ``fp8_buf`` only picks the buffer dtype under FP8 quantization; the runtime runs bf16 GEMMs, so it goes.
 - TE always rotates chunk GEMMs over min(3, chunks) streams and runs cuBLAS: ``num_max_streams`` and
   ``gemm`` say so explicitly on cuda.
+- On te the entry is what runs, as TE's keys: a copy-engine ring's num_sm / cga_size go as above (they size
+  a kernel TE does not launch), its ``aggregate`` stays (TE pairs ring steps over the copy engine too).
 - On cpu only the knobs that mean something there survive (`overlap_runtime.knobs.Knob.backends`), and not
   use_ce: TE's ring runs as gloo's send/recv ring there; the CPU's emulated copy engine is for tests of its
   protocol, which ask for it by name.
@@ -24,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
-from overlap_runtime.knobs import CONFIG_KNOBS, Fp8Use, Origin
+from overlap_runtime.knobs import CONFIG_KNOBS, TE, Fp8Use, Origin
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import slot_info
 from search_spaces.space import sm_choices
@@ -74,7 +76,11 @@ def as_runnable(
     slot = Slot(slot)
     gemm = problem(shape, slot, entry.method)
     config = OverlapConfig(method=entry.method, **{k: getattr(entry, k) for k in _carried(backend)})
-    if backend != "cpu":
+    if backend == TE:
+        # TE runs the entry itself: only what our config cannot say unset (a CE ring's unused num_sm) goes.
+        if entry.method == Method.RING_EXCHANGE:
+            config = replace(_ring_exchange(config), aggregate=config.aggregate)
+    elif backend != "cpu":
         config = replace(config, num_max_streams=te_streams(entry, gemm.tp), gemm="cublas")
         if entry.method == Method.RING_EXCHANGE:
             config = _ring_exchange(config)

@@ -21,8 +21,8 @@ import yaml
 
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot
-from search_spaces.presets import Preset, PresetError, PresetWarning, to_slot
-from search_spaces.te_dict import FLAG_KEYS, parse_entry, te_entry
+from search_spaces.presets import Preset, PresetError, PresetWarning
+from search_spaces.te_dict import FLAG_KEYS, parse_ub_cfgs, te_entry
 
 MAX_PRESET_BYTES = 1 << 20
 
@@ -44,15 +44,19 @@ _SECTIONS = (
 def read_nemo(path: str | Path) -> Preset:
     """The preset in a NeMo/Megatron YAML file; PresetError naming the field and rule when TE would misread it."""
     path = Path(path)
+    return parse_nemo(read_text(path), name=path.name)
+
+
+def read_text(path: Path) -> str:
+    """A preset file's text: at most `MAX_PRESET_BYTES` of UTF-8 (a preset is a few hundred bytes)."""
     with path.open("rb") as f:
-        data = f.read(MAX_PRESET_BYTES + 1)  # never more: a preset is a few hundred bytes
+        data = f.read(MAX_PRESET_BYTES + 1)  # never more
     if len(data) > MAX_PRESET_BYTES:
         raise PresetError("file", f"must be at most {MAX_PRESET_BYTES} bytes (1 MiB); this one is larger", path.name)
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise PresetError("file", "must be UTF-8 text", str(e)) from None
-    return parse_nemo(text, name=path.name)
 
 
 def parse_nemo(text: str, *, name: str | None = None) -> Preset:
@@ -60,9 +64,11 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
     except yaml.YAMLError as e:
-        if "constructor for the tag" in str(getattr(e, "problem", "")):
+        if isinstance(e, yaml.MarkedYAMLError) and "constructor for the tag" in str(e.problem):
             rule = "YAML tags such as !!python/object are not allowed (TE presets are read with yaml.safe_load)"
-            raise PresetError("file", rule, f"line {e.problem_mark.line + 1}: {e.problem}") from None
+            raise PresetError(
+                "file", rule, f"line {e.problem_mark.line + 1 if e.problem_mark else '?'}: {e.problem}"
+            ) from None
         raise PresetError("file", f"is not valid YAML: {e}") from None
     shape, gpu, dtype = parse_file_name(name)
     data = {} if data is None else data
@@ -74,18 +80,28 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
             PresetWarning,
             stacklevel=2,
         )
-    configs = {to_slot(key): parse_entry(to_slot(key), entry) for key, entry in data.items()}
+    configs = parse_ub_cfgs(data)
     return Preset(configs=configs, shape=shape, gpu=gpu, dtype=dtype, source=name)
 
 
 def parse_file_name(name: str | None) -> tuple[ModelShape | None, str | None, str | None]:
     """(shape, gpu, dtype) from an NVIDIA-style file name; Nones when the name does not follow the pattern."""
-    match = FILE_NAME.fullmatch(name or "")
+    return shape_from_name(FILE_NAME.fullmatch(name or ""), name)
+
+
+def shape_from_name(match: re.Match[str] | None, name: str | None) -> tuple[ModelShape | None, str | None, str | None]:
+    """(shape, gpu, dtype) from a match of NVIDIA's naming pattern (`FILE_NAME`, Bridge's preset names)."""
     if match is None:
         return None, None, None
-    numbers = {k: int(match[k]) for k in ("hidden", "tp", "mbs", "seq")}
     try:
-        shape = ModelShape(**numbers, cp=int(match["cp"] or 1), dtype=match["dtype"] or "bf16")
+        shape = ModelShape(
+            hidden=int(match["hidden"]),
+            tp=int(match["tp"]),
+            mbs=int(match["mbs"]),
+            seq=int(match["seq"]),
+            cp=int(match["cp"] or 1),
+            dtype=match["dtype"] or "bf16",
+        )
     except InputError as e:
         raise PresetError("file name", f"names a shape TE cannot run: {e}", name) from None
     return shape, match["gpu"], match["dtype"]
@@ -102,7 +118,7 @@ def preset_file_name(preset: Preset) -> str:
 def write_nemo(preset: Preset) -> str:
     """NeMo/Megatron YAML for ``preset``, laid out like NVIDIA's files; notes as comments."""
     lines = ["# UB communicator configurations", f"# Model configs: {_model_line(preset)}"]
-    lines += [_comment(slot, note) for slot, note in preset.notes.items() if slot not in preset.configs]
+    lines += [note_comment(slot, note) for slot, note in preset.notes.items() if slot not in preset.configs]
     for title, slots in _SECTIONS:
         blocks = [_block(preset, slot) for slot in slots if slot in preset.configs]
         if blocks:
@@ -111,14 +127,14 @@ def write_nemo(preset: Preset) -> str:
 
 
 def _block(preset: Preset, slot: Slot) -> str:
-    note = [_comment(slot, preset.notes[slot])] if slot in preset.notes else []
+    note = [note_comment(slot, preset.notes[slot])] if slot in preset.notes else []
     entry = te_entry(slot, preset.configs[slot], minimal=True)
     keys = [f"  {key}: {int(value) if key in FLAG_KEYS else value}" for key, value in entry.items()]
     return "\n".join([*note, f"{slot.value}:", *keys])
 
 
-def _comment(slot: Slot, note: str) -> str:
-    """One comment line: a line break in a note would turn the rest of it into YAML."""
+def note_comment(slot: Slot, note: str) -> str:
+    """A slot's note as one comment line (YAML's and Python's): a line break in a note would turn the rest of it into YAML."""
     return f"# {slot.value}: {' '.join(note.split())}"
 
 

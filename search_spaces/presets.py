@@ -73,7 +73,7 @@ class Preset:
 def to_slot(name: object) -> Slot:
     """The slot called ``name``; PresetError with the close name for a misspelling, which TE would ignore."""
     try:
-        return Slot(name)
+        return Slot(str(name))
     except ValueError:
         names = [s.value for s in SLOT_ORDER]
         rule = f"is not a TE userbuffers slot (TE would silently ignore it){suggest(name, names)}"

@@ -30,13 +30,13 @@ CPU spaces hold at most about twenty configs.
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from overlap_runtime.config import DEFAULTS, DeviceLimits, Method, OverlapConfig, check_config, problem
 from overlap_runtime.errors import ConfigError, InputError
-from overlap_runtime.knobs import BACKENDS, GEMM_KINDS, MAX_NUM_SM, MAX_NUM_SPLITS
+from overlap_runtime.knobs import BACKENDS, GEMM_KINDS, MAX_NUM_SM, MAX_NUM_SPLITS, TE
 from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
 from search_spaces.catalog import search_methods, slot_info
 from search_spaces.te_dict import TE_NUM_MAX_STREAMS, te_defaults
@@ -70,13 +70,17 @@ class SlotSpace:
     slot: Slot
     shape: ModelShape
     backend: str
-    """"cpu" or "cuda": the CPU backend only has knobs that mean something there."""
+    """"cpu", "cuda" or "te": the CPU backend only has knobs that mean something there, te only TE's keys."""
     limits: DeviceLimits | None
     """The GPU's limits (SM count caps num_sm); None on CPU or when unknown (then num_sm stops at 64)."""
     methods: tuple[Method, ...]
     """Legal methods for the slot, `Method.NONE` first."""
     params: Mapping[str, Param] = field(repr=False, compare=False, hash=False)
     """The one choice list of each knob in this space (derived from the fields above)."""
+    trees: Mapping[Method, Callable[[SlotSpace, SlotGemm], Tree]] = field(
+        default_factory=lambda: _TREES, repr=False, compare=False, hash=False
+    )
+    """Each method's knob tree: our runtime's (below), or TE's on the te backend (`search_spaces.te_space`)."""
 
     def next_param(self, method: Method, chosen: Mapping[str, object]) -> Param | None:
         """The next knob to choose after ``chosen`` under ``method``; None when the config is complete."""
@@ -146,7 +150,7 @@ class SlotSpace:
                 f"must be one of {', '.join(m.value for m in self.methods)} for {self.slot.value}",
                 method.value,
             )
-        tree = _TREES[method](self, problem(self.shape, self.slot, method))
+        tree = self.trees[method](self, problem(self.shape, self.slot, method))
         asked: set[str] = set()
         try:
             param = next(tree)
@@ -218,11 +222,19 @@ def slot_space(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLim
         "gemm": GEMM_KINDS,
         "fused": (False, True),
     }
+    if backend == TE:
+        # Imported here: TE's trees are built from this module's pieces.
+        from search_spaces.te_space import TE_TREES, te_choices
+
+        params = {name: Param(name=name, choices=values) for name, values in te_choices(choices, limits).items()}
+        return SlotSpace(
+            slot=slot, shape=shape, backend=backend, limits=limits, methods=methods, params=params, trees=TE_TREES
+        )
     params = {name: Param(name=name, choices=values) for name, values in choices.items()}
     return SlotSpace(slot=slot, shape=shape, backend=backend, limits=limits, methods=methods, params=params)
 
 
-def _no_overlap(space: SlotSpace, gemm: SlotGemm) -> Tree:
+def no_overlap(space: SlotSpace, gemm: SlotGemm) -> Tree:
     """Collective then GEMM: nothing to choose."""
     yield from ()
     return {}
@@ -336,7 +348,7 @@ def _streams(space: SlotSpace, chunks: int, *, always: bool) -> Generator[Param,
 
 
 _TREES = {
-    Method.NONE: _no_overlap,
+    Method.NONE: no_overlap,
     Method.RING_EXCHANGE: _ring_exchange,
     Method.PIPELINE: _pipeline,
     Method.BULK: _bulk,

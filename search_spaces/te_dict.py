@@ -16,13 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from overlap_runtime.config import DEFAULTS, Method, OverlapConfig
-from overlap_runtime.knobs import BY_NAME, RUNTIME_ONLY_KNOBS, TE_KEYS, TE_METHODS, Kind, te_used
+from overlap_runtime.knobs import BY_NAME, RUNTIME_ONLY_KNOBS, TE_KEYS, TE_MAX_SMS, TE_METHODS, Kind, te_used
 from overlap_runtime.shape import Slot
 from search_spaces.catalog import AG, PL, RS, RX, collective, slot_info, suggest
-from search_spaces.presets import Preset, PresetError, PresetWarning, check_method
+from search_spaces.presets import Preset, PresetError, PresetWarning, check_method, to_slot
 
-TE_MAX_SMS = 32
-"""userbuffers' NVTE_MAX_SMS: TE's comm kernels are built for at most 32 CTAs (docs/te_rules.md, NVTE_MAX_SMS = 32)."""
 TE_NUM_MAX_STREAMS = 3
 """TE's fixed `_NUM_MAX_UB_STREAMS`: chunk GEMMs rotate over min(3, chunks) compute streams."""
 
@@ -100,6 +98,11 @@ def parse_entry(slot: Slot, raw: object) -> OverlapConfig:
             stacklevel=2,
         )
     return effective(slot, method, {k: v for k, v in given.items() if k in used})
+
+
+def parse_ub_cfgs(data: Mapping[object, object]) -> dict[Slot, OverlapConfig]:
+    """A whole ``ub_cfgs`` mapping (slot name -> entry) read strictly, as `parse_entry` reads each entry."""
+    return {to_slot(key): parse_entry(to_slot(key), entry) for key, entry in data.items()}
 
 
 def _harmless(key: str, value: object, method: Method) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from overlap_runtime.config import Method, OverlapConfig
-from overlap_runtime.knobs import DEFAULT_STREAMS, TE_METHODS
+from overlap_runtime.knobs import DEFAULT_STREAMS, TE, TE_METHODS
 from search_spaces.te_dict import TE_MAX_SMS, te_streams
 
 
@@ -32,11 +32,16 @@ class Deviation:
         return f"{self.measured} ({self.te_runs})"
 
 
-def te_deviations(config: OverlapConfig, tp: int) -> tuple[Deviation, ...]:
-    """How ``config`` differs from what TE runs for it at tensor-parallel size ``tp``; empty when TE-exact."""
+def te_deviations(config: OverlapConfig, tp: int, *, backend: str = "cuda") -> tuple[Deviation, ...]:
+    """How ``config`` differs from what TE runs for it at tensor-parallel size ``tp``; empty when TE-exact.
+
+    On the ``te`` backend TE itself ran the config (its cuBLAS, its streams, its transfers: `check_config`
+    refuses every other knob there), so only a method TE lacks deviates."""
     found: list[Deviation] = []
     if config.method not in TE_METHODS:
         found.append(Deviation(knob="method", measured=f"method {config.method.value}", te_runs="not a TE method"))
+    if backend == TE:
+        return tuple(found)
     if config.fused:
         found.append(
             Deviation(
@@ -72,5 +77,5 @@ def te_deviations(config: OverlapConfig, tp: int) -> tuple[Deviation, ...]:
     return tuple(found)
 
 
-def is_te_exact(config: OverlapConfig, tp: int) -> bool:
-    return not te_deviations(config, tp)
+def is_te_exact(config: OverlapConfig, tp: int, *, backend: str = "cuda") -> bool:
+    return not te_deviations(config, tp, backend=backend)

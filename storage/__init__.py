@@ -13,7 +13,8 @@ Typical start-up::
         job = create_job(session=session, shape=shape, layers=["qkv_fprop"], n_trials=20, backend=Backend.CUDA)
 """
 
-from storage.best import get_best, list_winners, upsert_best
+from storage.best import get_best, list_winners, tuned_shapes, upsert_best
+from storage.counts import StateCounts, state_counts
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
 from storage.errors import Conflict, NotFound, StorageError, public_reason
 from storage.health import probe_write, reclaim
@@ -63,6 +64,7 @@ __all__ = [
     "LeaderLease",
     "NotFound",
     "Page",
+    "StateCounts",
     "StorageError",
     "Trial",
     "TrialPurpose",
@@ -105,6 +107,8 @@ __all__ = [
     "renew_lease",
     "session_factory",
     "set_job_status",
+    "state_counts",
+    "tuned_shapes",
     "update_layer_study",
     "upgrade",
     "upsert_best",

@@ -91,3 +91,11 @@ def list_winners(*, session: Session, gpu: str, slot: str, tp: int, dtype: str) 
         BestConfig.gpu == gpu, BestConfig.slot == slot, BestConfig.tp == tp, BestConfig.dtype == dtype
     )
     return list(session.scalars(stmt.order_by(BestConfig.shape_key)))
+
+
+@wraps_driver_errors
+def tuned_shapes(*, session: Session) -> list[ModelShape]:
+    """Every shape with stored winners, once each (in shape key order): what a lookup that found nothing can
+    name as the nearest tuned shape."""
+    rows = session.execute(select(BestConfig.shape_key, BestConfig.shape).order_by(BestConfig.shape_key))
+    return [ModelShape(**shape) for shape in {key: shape for key, shape in rows}.values()]

@@ -79,10 +79,13 @@ class TrialPurpose(enum.StrEnum):
 
 
 class Backend(enum.StrEnum):
-    """Where a job's trials run: CUDA GPUs, or gloo ranks on the CPU (tests, demos, no-GPU machines)."""
+    """Where a job's trials run: CUDA GPUs, gloo ranks on the CPU (tests, demos, no-GPU machines), or CUDA
+    GPUs through TransformerEngine."""
 
     CPU = "cpu"
     CUDA = "cuda"
+    TE = "te"
+    """CUDA GPUs, every config measured through TransformerEngine itself (`overlap_runtime.te_backend`)."""
 
 
 class WorkerStatus(enum.StrEnum):
@@ -229,6 +232,9 @@ class Worker(Base):
     """The model all its GPUs share (None for a CPU-only worker); claims match it against `Job.gpu`."""
     n_gpus: Mapped[int]
     backend: Mapped[Backend]
+    te_version: Mapped[str | None] = mapped_column(String(64))
+    """TransformerEngine's version where the worker's host has it installed, else None; te jobs run only on
+    te workers that report one."""
     status: Mapped[WorkerStatus]
     registered_at: Mapped[datetime]
     last_heartbeat: Mapped[datetime] = mapped_column(index=True)

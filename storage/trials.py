@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, false, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 
 from overlap_runtime.errors import LeaseLost
@@ -112,7 +112,8 @@ def list_trials(
 def claim_trial(*, session: Session, worker_id: str, lease: timedelta, now: datetime | None = None) -> Claim | None:
     """Atomically hand the oldest waiting trial this worker can run to it; None when there is none.
 
-    The worker can run a trial when the job's backend is its backend, the job's GPU model is unset or equals
+    The worker can run a trial when the job's backend is its backend (a te worker only with TE installed: its
+    ``te_version``), the job's GPU model is unset or equals
     the worker's, the job's tp fits its GPU count (CPU workers run any tp on gloo ranks), and neither the job
     nor the slot's study has finished or been cancelled.  A claim also counts as the worker's heartbeat.
     """
@@ -167,6 +168,8 @@ def _runnable_by(worker: Worker) -> list[ColumnElement[bool]]:
     ]
     if worker.backend != Backend.CPU:
         conditions.append(Job.tp <= worker.n_gpus)
+    if worker.backend == Backend.TE and worker.te_version is None:
+        conditions.append(false())  # a te worker without TE runs nothing
     return conditions
 
 
@@ -237,7 +240,7 @@ def fail_trial(
     now = now or utcnow()
     values = {"state": TrialState.FAILED, "error": reason, "finished_at": now}
     if worker_id is None:
-        conditions = [Trial.state.in_((TrialState.WAITING, TrialState.RUNNING))]
+        conditions: list[ColumnElement[bool]] = [Trial.state.in_((TrialState.WAITING, TrialState.RUNNING))]
     else:
         conditions = _lease_held(worker_id, nonce, now)
     trial = _finish(session=session, trial_id=trial_id, conditions=conditions, values=values)

@@ -30,6 +30,7 @@ def register_worker(
     gpu_model: str | None,
     n_gpus: int,
     backend: Backend,
+    te_version: str | None = None,
     secret_hash: str | None = None,
     now: datetime | None = None,
 ) -> Worker:
@@ -47,6 +48,7 @@ def register_worker(
         gpu_model=gpu_model,
         n_gpus=n_gpus,
         backend=Backend(backend),
+        te_version=te_version,
         status=WorkerStatus.IDLE,
         registered_at=now,
         last_heartbeat=now,

@@ -23,6 +23,7 @@ from api.settings import Settings
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
+from search_spaces import bridge_file_name, parse_bridge, preset_json
 
 if TYPE_CHECKING:
     from conftest_service import Service
@@ -254,6 +255,12 @@ def test_an_unmeasured_shape_gets_the_nearest_preset_marked_as_not_measured(http
     assert yaml.safe_load(nemo.text)
     te = http.get("/v1/presets", params={**query, "format": "te"}).json()
     assert te["measured"] is False and te["nearest"]["source"] == best["nearest"]["source"] and te["ub_cfgs"]
+    bridge = http.get("/v1/presets", params={**query, "format": "bridge"})
+    assert bridge.headers["x-autotune-measured"] == "false" and bridge.text.startswith("# NOT MEASURED")
+    assert bridge.headers["content-type"].startswith("text/x-python")
+    module = parse_bridge(bridge.text)
+    assert bridge.headers["content-disposition"].endswith(f'"{bridge_file_name(module)}"')
+    assert preset_json(module)["ub_cfgs"] == te["ub_cfgs"]
 
 
 def test_each_shape_filter_given_narrows_the_measured_answer(http: httpx.Client, idle_service: Service) -> None:

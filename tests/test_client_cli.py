@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from typer.testing import CliRunner
 
+from autotune import NoTunedPreset, load_ub_cfgs
 from autotune.cli.app import app
-from search_spaces import parse_nemo
+from overlap_runtime.shape import ModelShape
+from search_spaces import parse_bridge, parse_nemo, to_te_dict
 
 if TYPE_CHECKING:
     from click.testing import Result
@@ -80,6 +82,23 @@ def test_best_and_export_write_what_was_measured(cpu_service: Service, finished_
     assert "qkv_fprop" in {s.value for s in parse_nemo(path.read_text(), name=path.name).configs}
     te = run(cpu_service, "export", *SHAPE_ARGS, "--format", "te", "--out", str(tmp_path))
     assert te.exit_code == 0 and "qkv_fprop" in json.loads(Path(te.stdout.strip()).read_text())["ub_cfgs"]
+    bridge = run(cpu_service, "export", *SHAPE_ARGS, "--format", "bridge", "--out", str(tmp_path))
+    assert bridge.exit_code == 0, bridge.output
+    module = Path(bridge.stdout.strip())
+    assert module.name == "userbuffers_bf16_cpu_h64_tp2_mbs1_seqlen32.py"
+    assert parse_bridge(module.read_text()).configs == parse_nemo(path.read_text(), name=path.name).configs
+
+
+@pytest.mark.slow
+def test_load_ub_cfgs_asks_the_controller(cpu_service: Service, finished_job: str, tmp_path: Path) -> None:
+    exported = run(cpu_service, "export", *SHAPE_ARGS, "--out", str(tmp_path))
+    path = Path(exported.stdout.strip())
+    shape = {"hidden": 64, "tp": 2, "seq": 32}
+    ub_cfgs = load_ub_cfgs(shape=shape, source=cpu_service.url, token=cpu_service.token)
+    assert ub_cfgs == to_te_dict(parse_nemo(path.read_text(), name=path.name)) and "qkv_fprop" in ub_cfgs
+    assert load_ub_cfgs(shape=ModelShape(**shape), source=cpu_service.url, token=cpu_service.token) == ub_cfgs
+    with pytest.raises(NoTunedPreset, match=r"the nearest tuned shape is h64_tp2_mbs1_seq\d+_.* doublings away, job "):
+        load_ub_cfgs(shape={**shape, "seq": 128}, source=cpu_service.url, token=cpu_service.token)
 
 
 @pytest.mark.slow

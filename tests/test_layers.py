@@ -9,6 +9,8 @@ controller never depends on the CLI that starts it.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("api",)),
     # What a user or a node runs, on top of everything: the CLI, the REST client and worker loop that talk to a
     # controller, and the local driver behind `autotune tune` (it writes winners to storage itself).
-    ("programs", ("autotune.cli", "autotune.client", "autotune.worker", "autotune.local", "autotune.report")),
+    # `autotune.load` is `load_ub_cfgs`: a training script's call that reads storage or asks a controller.
+    (
+        "programs",
+        ("autotune.cli", "autotune.client", "autotune.worker", "autotune.local", "autotune.report", "autotune.load"),
+    ),
 )
+LAZY_EXPORTS: dict[str, frozenset[str]] = {"autotune": frozenset({"autotune", "autotune.load"})}
+"""The one import that points up, on purpose: ``from autotune import load_ub_cfgs`` is the documented call of a
+training script, so the tuner package's module-level ``__getattr__`` imports that program module on first use,
+and importing ``autotune`` alone stays in the tuner layer (a test below holds that)."""
 PACKAGES = ("overlap_runtime", "search_spaces", "autotune", "storage", "api")
 
 
@@ -43,10 +53,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported(path: Path) -> set[str]:
-    """Every module ``path`` imports, absolute names, ``from a import b`` counted as a.b when b is a module."""
+def imported(path: Path, *, skip_getattr: bool = False) -> set[str]:
+    """Every module ``path`` imports, absolute names, ``from a import b`` counted as a.b when b is a module;
+    ``skip_getattr`` leaves out the body of a module-level ``__getattr__`` (a lazy export)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    if skip_getattr:
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "__getattr__")]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -65,12 +79,14 @@ def test_every_module_has_a_layer() -> None:
 
 @pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_imports_no_layer_above_its_own(path: Path) -> None:
-    own = layer_of(module_name(path))
+    module = module_name(path)
+    own = layer_of(module)
     assert own is not None
+    names = imported(path)
+    if module in LAZY_EXPORTS:  # the lazy exports may point up, nothing else in the module may
+        names = imported(path, skip_getattr=True) | (names - LAZY_EXPORTS[module])
     upward = sorted(
-        f"{name} ({LAYERS[layer][0]})"
-        for name in imported(path)
-        if (layer := layer_of(name)) is not None and layer > own
+        f"{name} ({LAYERS[layer][0]})" for name in names if (layer := layer_of(name)) is not None and layer > own
     )
     assert not upward, f"{module_name(path)} ({LAYERS[own][0]}) imports a layer above it: {', '.join(upward)}"
 
@@ -80,3 +96,12 @@ def test_layer_map_knows_a_programs_module_and_a_tuner_module() -> None:
     assert LAYERS[layer_of("autotune.cli.serve")][0] == "programs"  # type: ignore[index]
     assert LAYERS[layer_of("autotune.studies")][0] == "tuner"  # type: ignore[index]
     assert layer_of("torch") is None
+
+
+def test_the_lazy_export_is_imported_only_when_asked_for() -> None:
+    code = (
+        "import sys, autotune; assert 'autotune.load' not in sys.modules and 'storage' not in sys.modules; "
+        "from autotune import load_ub_cfgs; assert 'autotune.load' in sys.modules"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

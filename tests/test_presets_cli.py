@@ -73,3 +73,19 @@ def test_convert_to_nemo_without_out_prints_the_yaml() -> None:
 def test_convert_to_an_unknown_format_exits_2() -> None:
     done = run("convert", str(LLAMA3_70B), "--to", "hydra")
     assert done.returncode == 2 and "hydra" in done.stderr
+
+
+def test_a_te_json_validates_bare_or_with_its_shape(tmp_path: Path) -> None:
+    """The JSON `convert --to te` and `autotune tune` write (shape from the file name), and the normalized
+    view `GET /v1/presets?format=te` serves (shape inside), read back as the YAML they came from."""
+    done = run("convert", str(LLAMA3_70B), "--to", "te", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    bare = Path(done.stdout.strip())
+    normalized = tmp_path / "served.json"
+    normalized.write_text(json.dumps(preset_json(read_nemo(LLAMA3_70B))))
+    for file in (bare, normalized):
+        validated = run("validate", str(file))
+        assert validated.returncode == 0, validated.stderr
+        assert json.loads(validated.stdout) == preset_json(read_nemo(LLAMA3_70B)) | {"warnings": []}
+    normalized.write_text('{"ub_cfgs": {"qkv_fprp": {}}}')
+    assert run("validate", str(normalized)).stderr.startswith("error: qkv_fprp: is not a TE userbuffers slot")

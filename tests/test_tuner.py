@@ -97,6 +97,11 @@ def test_baselines_are_the_first_trials_even_when_asked_in_parallel() -> None:
     ]
     assert set(expected) <= set(configs[:n_baselines])
     assert len(set(configs)) == len(configs)
+    # Each proposal says which baseline it is (the dashboard labels TE's default and NVIDIA's preset by it).
+    labels = {label: p.configs[0] for p in proposals if p is not None for label in p.labels}
+    assert labels["none"] == NONE and labels["te_default"] == expected[0] and labels["warm_start"] == warm
+    assert all(not p.labels for p in proposals if p is not None and p.purpose == Purpose.SEARCH)
+    assert all(Proposal.from_dict(p.to_dict()) == p for p in proposals if p is not None)
 
 
 def test_tuner_reaches_the_known_optimum_of_a_landscape_within_its_budget() -> None:

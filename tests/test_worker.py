@@ -9,6 +9,7 @@ import pytest
 from autotune.inventory import gpu_inventory, worker_body
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
+from overlap_runtime.te_backend import te_version
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,6 +28,7 @@ def test_a_cpu_worker_registers_no_gpus() -> None:
         "gpus": [],
         "gpu_model": None,
         "n_gpus": 0,
+        "te_version": te_version(),  # whether TransformerEngine is installed: None on a host without it
     }
 
 

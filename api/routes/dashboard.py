@@ -1,16 +1,27 @@
-"""The dashboard at ``/``: one static page that reads the public JSON endpoints and follows a job's events."""
+"""The dashboard at ``/``: a static page (``api/static``) that reads the public JSON endpoints and follows a job's
+events; its script, styles and the vendored chart library (uPlot, with its license) are served under ``/static``,
+so it works on a cluster with no way out to a CDN."""
 
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 from fastapi import APIRouter
-from fastapi.responses import HTMLResponse
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+STATIC = Path(str(resources.files("api").joinpath("static")))
 
 router = APIRouter(tags=["dashboard"])
 
 
-@router.get("/", response_class=HTMLResponse)
-def dashboard() -> HTMLResponse:
-    """Jobs with live progress and per-slot best configs, and the workers with their GPUs."""
-    return HTMLResponse(resources.files("api").joinpath("dashboard.html").read_text(encoding="utf-8"))
+@router.get("/", response_class=FileResponse)
+def dashboard() -> FileResponse:
+    """Jobs with live progress; per slot the search history, the winner beside its baselines and the preset; workers."""
+    return FileResponse(STATIC / "index.html", media_type="text/html")
+
+
+def static_files() -> StaticFiles:
+    """What ``/static`` serves: the dashboard's script and styles, and ``vendor/`` (uPlot and its license)."""
+    return StaticFiles(directory=STATIC)

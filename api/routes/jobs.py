@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
@@ -40,7 +40,7 @@ RETRY_AFTER_S = 2
 EVENT_STREAM_MAX_S = 600.0
 """An event stream ends after this long (the browser reconnects): proxies and load balancers cut idle streams."""
 
-NOT_FOUND = {404: {"model": ErrorPublic, "description": "No job with this id"}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "description": "No job with this id"}}
 
 
 @router.post(

@@ -1,7 +1,8 @@
 """``GET /v1/presets``: the winning configs as a file TE users already know how to load.
 
 ``format=nemo`` (the default) is the NeMo/Megatron userbuffers YAML, named as NVIDIA names its files;
-``format=te`` is the ``initialize_ub(ub_cfgs=...)`` dict as JSON.  When nothing was measured for the shape,
+``format=te`` is the ``initialize_ub(ub_cfgs=...)`` dict as JSON; ``format=bridge`` a Python module defining
+the preset with Megatron-Bridge's (or NeMo 2's) dataclasses (`search_spaces.bridge`).  When nothing was measured for the shape,
 the nearest known preset is returned instead and says so: an ``X-Autotune-Measured: false`` header, a
 comment at the top of the YAML, ``measured: false`` in the JSON.
 """
@@ -17,21 +18,24 @@ from fastapi import APIRouter, Query, Response
 from api.deps import RegistryDep, SessionDep
 from api.lookup import ShapeQueryDep, measured_groups, measured_preset, nearest, one_group
 from api.schemas import ErrorPublic, NearestPublic
-from search_spaces import Preset, preset_file_name, preset_json, write_nemo
+from search_spaces import Preset, bridge_file_name, preset_file_name, preset_json, write_bridge, write_nemo
 
 router = APIRouter(prefix="/v1", tags=["presets"])
 
 YAML_MEDIA_TYPE = "application/yaml"
+PYTHON_MEDIA_TYPE = "text/x-python"
 
 
 class Format(enum.StrEnum):
     NEMO = "nemo"
     TE = "te"
+    BRIDGE = "bridge"
 
 
 _CONTENT = {
     YAML_MEDIA_TYPE: {"schema": {"description": "NeMo/Megatron ub_cfg YAML: TE slot name -> ub_cfgs entry"}},
     "application/json": {"schema": {"type": "object"}},
+    PYTHON_MEDIA_TYPE: {"schema": {"description": "A Megatron-Bridge / NeMo 2 module defining the preset"}},
 }
 
 
@@ -44,7 +48,10 @@ def get_preset(
     query: ShapeQueryDep,
     session: SessionDep,
     registry: RegistryDep,
-    format: Annotated[Format, Query(description="nemo: NeMo/Megatron YAML; te: TE ub_cfgs as JSON")] = Format.NEMO,
+    format: Annotated[
+        Format,
+        Query(description="nemo: NeMo/Megatron YAML; te: TE ub_cfgs as JSON; bridge: a Megatron-Bridge module"),
+    ] = Format.NEMO,
 ) -> Response:
     """The preset for a shape: measured winners under the export rule, else the nearest known preset (marked)."""
     groups = measured_groups(session=session, query=query)
@@ -58,16 +65,20 @@ def get_preset(
         body: dict[str, Any] = {"measured": described is None, "nearest": described and described.model_dump()}
         body |= preset_json(preset)
         return Response(json.dumps(body, indent=2) + "\n", media_type="application/json", headers=headers)
-    headers["Content-Disposition"] = f'attachment; filename="{_file_name(preset, described)}"'
-    return Response(_yaml(preset, described), media_type=YAML_MEDIA_TYPE, headers=headers)
+    if format == Format.BRIDGE:
+        text, name, media_type = write_bridge(preset), bridge_file_name(preset), PYTHON_MEDIA_TYPE
+    else:
+        text, name, media_type = write_nemo(preset), _file_name(preset, described), YAML_MEDIA_TYPE
+    headers["Content-Disposition"] = f'attachment; filename="{name}"'
+    return Response(_marked(text, described), media_type=media_type, headers=headers)
 
 
 def _file_name(preset: Preset, described: NearestPublic | None) -> str:
     return preset_file_name(preset) if described is None else (described.source.rsplit("/", 1)[-1] or "preset.yaml")
 
 
-def _yaml(preset: Preset, described: NearestPublic | None) -> str:
-    text = write_nemo(preset)
+def _marked(text: str, described: NearestPublic | None) -> str:
+    """``text`` (YAML or Python: both comment with #), behind a NOT MEASURED line when it is the nearest preset."""
     if described is None:
         return text
     warning = (

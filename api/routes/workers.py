@@ -14,16 +14,17 @@ result is checked against physics before it is stored (`check_physical`): a time
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response, status
 
 import storage
-from api.deps import Authorized, LeaseNonce, SessionDep, SettingsDep, WorkerId
+from api.deps import Authorized, LeaseNonce, MetricsDep, SessionDep, SettingsDep, WorkerId
 from api.schemas import (
     ClaimPublic,
     ErrorPublic,
     LeasePublic,
+    ProposalBody,
     TrialPublicState,
     TrialReport,
     WorkerCreate,
@@ -38,7 +39,11 @@ from storage import Backend, secrets
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 TrialId = Annotated[int, Path(ge=1, le=(1 << 31) - 1)]
-ERRORS = {401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}, 409: {"model": ErrorPublic}}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorPublic},
+    404: {"model": ErrorPublic},
+    409: {"model": ErrorPublic},
+}
 
 
 @router.get("")
@@ -60,6 +65,7 @@ def register_worker(body: WorkerCreate, session: SessionDep) -> WorkerCreated:
         gpu_model=body.gpu_model,
         n_gpus=body.n_gpus,
         backend=Backend(body.backend),
+        te_version=body.te_version,
         secret_hash=secret_hash,
     )
     return WorkerCreated(**WorkerPublic.model_validate(worker).model_dump(), secret=secret)
@@ -80,13 +86,14 @@ def claim(worker_id: WorkerId, session: SessionDep, settings: SettingsDep) -> Re
     got = storage.claim_trial(session=session, worker_id=worker_id, lease=timedelta(seconds=settings.lease_s))
     if got is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
+    assert got.trial.lease_expires_at is not None  # claim_trial leases what it returns
     return ClaimPublic(
         trial_id=got.trial.id,
         job_id=got.job.id,
         slot=got.study.slot,
         shape=got.job.shape,
         backend=got.job.backend.value,
-        proposal=got.trial.config,
+        proposal=ProposalBody.model_validate(got.trial.config),
         lease_expires_at=got.trial.lease_expires_at,
         lease_s=settings.lease_s,
         lease_nonce=got.nonce,
@@ -106,7 +113,12 @@ def renew(
 
 @router.post("/{worker_id}/trials/{trial_id}/result", responses={**ERRORS, 422: {"model": ErrorPublic}})
 def report(
-    worker_id: WorkerId, trial_id: TrialId, nonce: LeaseNonce, body: TrialReport, session: SessionDep
+    worker_id: WorkerId,
+    trial_id: TrialId,
+    nonce: LeaseNonce,
+    body: TrialReport,
+    session: SessionDep,
+    metrics: MetricsDep,
 ) -> TrialPublicState:
     """Store the measurements (one per proposed config, in order) or the failure; 409 if the lease was lost,
     422 for a measurement no GPU could have made (`check_physical`, naming the field)."""
@@ -119,6 +131,7 @@ def report(
         trial = storage.fail_trial(
             session=session, trial_id=trial_id, reason=body.failure, worker_id=worker_id, nonce=nonce
         )
+        metrics.observe_trial(trial)
         return TrialPublicState(id=trial.id, state=trial.state.value)
     measurements = body.measurements or []
     expected = len(proposal_of(storage.get_trial(session=session, trial_id=trial_id)).configs)
@@ -139,4 +152,5 @@ def report(
         nonce=nonce,
         measurement=measurement_json([m.model_dump() for m in measurements]),
     )
+    metrics.observe_trial(trial)
     return TrialPublicState(id=trial.id, state=trial.state.value)

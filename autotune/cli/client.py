@@ -156,11 +156,11 @@ def best(
         table = Table(
             "slot", "best config", "overlap ms", "serial ms", "hidden", title=f"{group.gpu} {group.shape_key}"
         )
-        for layer in group.layers:
-            m = layer.measurement or {}
+        for best in group.layers:
+            m = best.measurement or {}
             table.add_row(
-                layer.slot,
-                _config_text(layer.config),
+                best.slot,
+                _config_text(best.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
                 f"{m['hidden_frac']:.0%}" if m.get("hidden_frac") is not None else "-",
@@ -172,7 +172,9 @@ def best(
 def export(
     shape: dict[str, object],
     gpu: Gpu = None,
-    format: Annotated[str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON)")] = "nemo",
+    format: Annotated[
+        str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON) | bridge (Megatron-Bridge module)")
+    ] = "nemo",
     out: Annotated[Path, typer.Option(help="File to write, or a folder for NVIDIA's file name")] = Path("."),
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
@@ -184,7 +186,7 @@ def export(
         typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
     if out.is_dir():
         name = preset.file_name or "preset.yaml"
-        out = out / (name if format == "nemo" else Path(name).with_suffix(".json").name)
+        out = out / (Path(name).with_suffix(".json").name if format == "te" else name)
     out.write_text(preset.text, encoding="utf-8")
     typer.echo(str(out))
 

@@ -14,12 +14,14 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 
 REQUIRED = inspect.Parameter.empty
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
+
+Command = TypeVar("Command", bound=Callable[..., object])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,10 +53,10 @@ class FieldOption:
         return inspect.Parameter(self.name, KEYWORD, default=self.default, annotation=Annotated[self.type, option])
 
 
-def takes(parameter: str, options: Sequence[FieldOption], build: Callable[..., Any]) -> Callable[[Callable], Callable]:
+def takes(parameter: str, options: Sequence[FieldOption], build: Callable[..., Any]) -> Callable[[Command], Command]:
     """A decorator: the command's ``parameter`` becomes ``options``, and the command gets ``build(**values)``."""
 
-    def decorate(command: Callable) -> Callable:
+    def decorate(command: Command) -> Command:
         signature = inspect.signature(command, eval_str=True)
         names = [o.name for o in options]
         if parameter not in signature.parameters:
@@ -73,6 +75,6 @@ def takes(parameter: str, options: Sequence[FieldOption], build: Callable[..., A
         # Keyword-only, since a required option may now follow one with a default; typer passes keywords anyway.
         wrapper.__signature__ = signature.replace(parameters=[p.replace(kind=KEYWORD) for p in params])  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
-        return wrapper
+        return cast(Command, wrapper)
 
     return decorate

@@ -11,7 +11,7 @@ from autotune.cli.field_options import FieldOption, takes
 from autotune.cli.shape_options import Command, takes_shape
 from overlap_runtime.config import OverlapConfig, knob_options
 from overlap_runtime.errors import InputError, TrialFailure
-from overlap_runtime.runtime import Runtime, available_gpus
+from overlap_runtime.runtime import available_gpus, open_runtime
 from overlap_runtime.shape import ModelShape, Slot
 
 
@@ -20,6 +20,8 @@ def default_backend() -> str:
     return "cuda" if available_gpus() > 0 else "cpu"
 
 
+BACKEND_HELP = "cpu | cuda | te (TransformerEngine itself; default: cuda if GPUs are present)"
+"""The ``--backend`` option's help, the same in every command that measures."""
 MARGIN = "set_sm_margin"
 """The knob whose option may be left unset: TE's margin, on wherever ``--num-sm`` is given."""
 
@@ -60,7 +62,7 @@ def measure(
             'it: \'{"method": "bulk", "use_ce": true, "gemm": "cublas"}\'',
         ),
     ] = None,
-    backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
+    backend: Annotated[str | None, typer.Option(help=BACKEND_HELP)] = None,
     repeats: Annotated[int, typer.Option(min=3)] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
@@ -79,7 +81,7 @@ def measure(
     else:
         margin = knobs.pop(MARGIN, None)
         config = OverlapConfig(**knobs, set_sm_margin=knobs.get("num_sm") is not None if margin is None else margin)
-    with Runtime(tp=shape.tp, backend=backend) as runtime:
+    with open_runtime(tp=shape.tp, backend=backend) as runtime:
         try:
             result = runtime.measure(shape, slot, config, repeats=repeats)
             record = {"valid": result.valid, **result.to_dict()}

@@ -55,7 +55,7 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (default 8000)")] = None,
     local_worker: Annotated[bool, typer.Option("--local-worker", help="Also run a worker on this machine")] = False,
     backend: Annotated[
-        str | None, typer.Option(help="Local worker's backend: cpu | cuda (default: cuda if GPUs)")
+        str | None, typer.Option(help="Local worker's backend: cpu | cuda | te (default: cuda if GPUs)")
     ] = None,
     token: Annotated[str | None, typer.Option(help="Bearer token for writes and workers (or AUTOTUNE_TOKEN)")] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="No token at all; loopback bind only")] = False,

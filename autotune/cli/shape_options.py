@@ -7,14 +7,10 @@ validates the rest.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import MISSING
-from typing import TypeVar
 
-from autotune.cli.field_options import REQUIRED, FieldOption, takes
+from autotune.cli.field_options import REQUIRED, Command, FieldOption, takes
 from overlap_runtime.shape import ModelShape, shape_fields
-
-Command = TypeVar("Command", bound=Callable)
 
 
 def takes_shape(command: Command) -> Command:

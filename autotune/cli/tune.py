@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from autotune import local
-from autotune.cli.measure import default_backend
+from autotune.cli.measure import BACKEND_HELP, default_backend
 from autotune.cli.shape_options import takes_shape
 from autotune.report import outcome_table
 from overlap_runtime.shape import ModelShape
@@ -26,7 +26,7 @@ def tune(
     shape: ModelShape,
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,proj_fprop)")] = "all",
     trials: Annotated[int, typer.Option(min=1, help="Configs measured per slot at most")] = local.DEFAULT_TRIALS,
-    backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
+    backend: Annotated[str | None, typer.Option(help=BACKEND_HELP)] = None,
     db: Annotated[str | None, typer.Option(help="Database URL (default: the local SQLite file)")] = None,
     out: Annotated[Path, typer.Option(help="Folder for the NeMo YAML and the TE dict")] = Path("presets"),
     gpu: Annotated[str | None, typer.Option(help="GPU model name to key results by (default: GPU 0's)")] = None,

@@ -10,18 +10,18 @@ from typing import Annotated
 import typer
 
 from autotune.cli.local_token import read_token
-from autotune.cli.measure import default_backend
+from autotune.cli.measure import BACKEND_HELP, default_backend
 from autotune.worker import WorkerOptions, run_worker
 from overlap_runtime.errors import InputError
-
-BACKENDS = ("cpu", "cuda")
+from overlap_runtime.knobs import BACKENDS, TE
+from overlap_runtime.te_backend import require_te
 
 
 def worker(
     controller: Annotated[
         str, typer.Option(envvar="AUTOTUNE_CONTROLLER", help="Controller URL, e.g. http://host:8000")
     ],
-    backend: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda if GPUs are present)")] = None,
+    backend: Annotated[str | None, typer.Option(help=BACKEND_HELP)] = None,
     token: Annotated[str | None, typer.Option(envvar="AUTOTUNE_TOKEN", help="The controller's bearer token")] = None,
     name: Annotated[str | None, typer.Option(help="Name on the dashboard (default: host-pid)")] = None,
     poll_s: Annotated[float, typer.Option(min=0.05, help="Pause when there is no work")] = 1.0,
@@ -35,6 +35,8 @@ def worker(
     backend = backend or default_backend()
     if backend not in BACKENDS:
         raise InputError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
+    if backend == TE:
+        require_te()  # at once, before registering: a te worker without TE could run nothing
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per claim poll otherwise
     signal.signal(signal.SIGTERM, _interrupt)  # docker stop / serve's shutdown: close the TP group on the way out

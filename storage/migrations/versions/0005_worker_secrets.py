@@ -1,7 +1,7 @@
 """Workers authenticate with a secret of their own, and each lease carries a nonce.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-12-02
 
 ``autotune_workers.secret_hash`` is the SHA-256 of the secret a worker got at registration: worker calls
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0004"
-down_revision: str | None = "0003"
+revision: str = "0005"
+down_revision: str | None = "0004"
 branch_labels: str | None = None
 depends_on: str | None = None
 

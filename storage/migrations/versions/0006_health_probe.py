@@ -1,7 +1,7 @@
 """A one-row table that ``/healthz`` writes, so the health check sees a database that can no longer write.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-12-02
 
 A read-only database or a full disk still answers reads: a probe that only reads said "ok" while every
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0005"
-down_revision: str | None = "0004"
+revision: str = "0006"
+down_revision: str | None = "0005"
 branch_labels: str | None = None
 depends_on: str | None = None
 
