@@ -482,3 +482,31 @@ def test_the_api_docs_load_every_script_and_style_from_the_controller(
         response = http.get(asset)
         assert response.status_code == 200 and len(response.content) > 100, asset
     assert "cdn." not in html and "fonts.googleapis" not in html
+
+
+def test_on_cuda_an_overlapped_op_faster_than_its_collective_alone_is_refused(
+    idle_service: Service, http: httpx.Client
+) -> None:
+    """The collective bounds the overlapped op on GPUs (on cpu only the GEMM does: its methods do not use
+    gloo, which the collective baseline times)."""
+    box = {"name": "gpubox", "host": "h", "backend": "cuda", "gpus": [H200, H200], "gpu_model": "NVIDIA H200"}
+    worker = http.post("/v1/workers", json={**box, "n_gpus": 2}).json()
+    job = http.post("/v1/jobs", json={"shape": {**SHAPE, "seq": 96}, "layers": ["qkv_fprop"], "backend": "cuda"})
+    mine = {"Authorization": f"Bearer {worker['secret']}"}
+
+    def claimed() -> dict[str, Any] | None:
+        response = http.post(f"/v1/workers/{worker['id']}/claim", headers=mine)
+        return (
+            response.json() if response.status_code == 200 and response.json()["job_id"] == job.json()["id"] else None
+        )
+
+    claim = idle_service.wait_until(claimed, timeout_s=30, what="a claim of the cuda job")
+    slow_comm = {**MEASUREMENT, "comm_ms": 0.5, "hidden_frac": 1 - 0.0118 / 0.5}  # 0.2794 ms < 0.8 x 0.5 ms
+    response = http.post(
+        f"/v1/workers/{worker['id']}/trials/{claim['trial_id']}/result",
+        json={"measurements": [slow_comm] * len(claim["proposal"]["configs"])},
+        headers={**mine, "X-Lease-Nonce": claim["lease_nonce"]},
+    )
+    assert response.status_code == 422 and errors_of(response)[0]["field"] == "measurements.0.overlap_ms"
+    assert "max(gemm_ms, comm_ms)" in errors_of(response)[0]["rule"]
+    http.post(f"/v1/jobs/{job.json()['id']}/cancel")
