@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The dashboard's browser test drives Debian's chromium through Playwright (never a browser download).
+CHROMIUM := /usr/bin/chromium
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -11,13 +13,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
 .PHONY: install run test lint
 install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/autotune serve --local-worker
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

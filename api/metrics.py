@@ -19,6 +19,7 @@ import enum
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +29,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import storage
 from storage import Trial, WorkerStatus
+
+State = TypeVar("State", bound=enum.Enum)
 
 UNMATCHED = "unmatched"
 """The route label of a request no route matched (scanners' paths must not each make a series)."""
@@ -103,7 +106,7 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("autotune_workers_alive", "Workers heard from within the heartbeat timeout", alive)
 
 
-def _gauge(name: str, documentation: str, label: str, counts: Mapping[enum.Enum, int]) -> GaugeMetricFamily:
+def _gauge(name: str, documentation: str, label: str, counts: Mapping[State, int]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, documentation, labels=[label])
     for state, n in counts.items():
         family.add_metric([state.value], n)
@@ -122,6 +125,7 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        root = scope.get("root_path", "")
         status = 500  # what the client sees when the app raises before answering
 
         async def send_noting_status(message: Message) -> None:
@@ -133,8 +137,19 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_noting_status)
         finally:
-            # The router stores the matched route in the scope it was given, which is this one.
-            route = getattr(scope.get("route"), "path", UNMATCHED)
-            labels = {"method": scope["method"], "route": route, "status": str(status)}
+            labels = {"method": scope["method"], "route": _template(scope, root=root), "status": str(status)}
             self.metrics.requests.labels(**labels).inc()
             self.metrics.request_seconds.labels(**labels).observe(time.perf_counter() - start)
+
+
+def _template(scope: Scope, *, root: str) -> str:
+    """The route template a request matched, from the scope the router filled in (it fills in the one it is
+    given, which is the middleware's): the route's path, or for a mounted app (``/static``) the mount's path,
+    which the mount adds to ``root_path``, followed by ``/{path}``."""
+    route = scope.get("route")
+    if route is not None:
+        return route.path
+    mounted = scope.get("root_path", "")
+    if mounted != root:
+        return f"{mounted.removeprefix(root)}/{{path}}"
+    return UNMATCHED

@@ -438,7 +438,7 @@ class SlotStudy:
     ) -> SlotOutcome | None:
         te = history.with_label(TE_DEFAULT)
         stopped = self._study.user_attrs.get(_FINALISTS, {}).get("stopped")
-        context = [*self._baselines.skipped, *([stopped] if stopped else [])]
+        context = [*self._baselines.skipped, *self._baselines.caveats, *([stopped] if stopped else [])]
         if te is not None and te.failure is not None:
             context.append(f"TE's default failed: {te.failure}")
         return decide(

@@ -41,7 +41,11 @@ start=$SECONDS
     NVTE_PYTORCH_FORCE_BUILD=TRUE NVTE_CUDA_ARCHS=${NVTE_CUDA_ARCHS:-90} MAX_JOBS=${MAX_JOBS:-$(nproc)} \
         python3 -m pip wheel -q --no-build-isolation --no-deps --no-index -w "$target/.wheels" . )
 echo "built transformer_engine_torch in $((SECONDS - start)) s"
-pip_install "$target"/.wheels/transformer_engine_torch-*.whl
+# pip --target --upgrade replaces whole top-level folders, and the extension's wheel ships files under
+# transformer_engine/ too: installed straight into the target it would delete the core's Python package.
+ext=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ext" "$target"/.wheels/transformer_engine_torch-*.whl
+cp -r "$ext"/. "$target"/
 
 UB_SKIPMC=1 CUDA_DEVICE_MAX_CONNECTIONS=1 python3 - <<'EOF'
 import importlib.metadata as md

@@ -148,6 +148,25 @@ def uses_rs_dgrad(slot: Slot, method: Method) -> bool:
     return slot in RS_DGRAD_SLOTS and method in (Method.RING_EXCHANGE, Method.PIPELINE)
 
 
+FP8_ALIGN = 16
+"""FP8 GEMMs need K and N multiples of 16: ``torch._scaled_mm``'s rule (and 16-byte rows for TMA)."""
+
+
+def splits_fit(gemm: SlotGemm, splits: int) -> bool:
+    """Whether ``gemm``'s output width splits into ``splits`` equal chunks that its dtype can run: FP8 chunks
+    keep the width's multiple of `FP8_ALIGN` (a width without one is the shape's problem, `fp8_misfit`)."""
+    if gemm.n % splits:
+        return False
+    return gemm.dtype != "fp8" or gemm.n % FP8_ALIGN != 0 or gemm.n // splits % FP8_ALIGN == 0
+
+
+def fp8_misfit(gemm: SlotGemm) -> str | None:
+    """Why an FP8 GEMM of these dims cannot run (K or N not a multiple of `FP8_ALIGN`); None when it can."""
+    if gemm.dtype != "fp8" or (gemm.k % FP8_ALIGN == 0 and gemm.n % FP8_ALIGN == 0):
+        return None
+    return f"FP8 GEMMs need K and N multiples of {FP8_ALIGN} (torch._scaled_mm); {gemm.slot.value} has K={gemm.k}, N={gemm.n}"
+
+
 def problem(shape: ModelShape, slot: Slot, method: Method) -> SlotGemm:
     """The GEMM + collective that ``method`` runs for ``slot``."""
     return slot_gemm(shape, Slot(slot), rs_dgrad=uses_rs_dgrad(Slot(slot), Method(method)))
@@ -164,9 +183,7 @@ def check_config(
     if backend not in BACKENDS:
         raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
     _check_method(config.method, gemm)
-    for knob in CONFIG_KNOBS:
-        if knob.fp8 is not None and getattr(config, knob.name):
-            raise ConfigError(knob.name, "needs FP8 GEMMs, which this runtime does not run yet", True)
+    _check_fp8(config, gemm)
     _leave_unset(
         config, (k for k in CONFIG_KNOBS if backend not in k.backends), f"has no meaning on the {backend} backend"
     )
@@ -178,6 +195,31 @@ def check_config(
             "aggregate",
             "the copy-engine all-gather pushes each shard straight to every peer, so it has no ring steps to "
             "aggregate: aggregate needs use_ce=false (the send/recv ring)",
+            True,
+        )
+
+
+ATOMIC_GEMM_RULE = (
+    "TE's atomic GEMM needs cuBLAS >= 12.2 and < 13.0 (CUDA 13 has none) and Megatron marks it deprecated, so "
+    "this runtime does not run it; its FP8 analogue here is our fused ring (ring_exchange, gemm triton, fused)"
+)
+"""Why `atomic_gemm` is catalogued (presets read and write it) but never measured (docs/te_rules.md, Atomic pairs)."""
+
+
+def _check_fp8(config: OverlapConfig, gemm: SlotGemm) -> None:
+    """The knobs that only FP8 GEMMs give a meaning, where TE gives them one (docs/te_rules.md, The fp8_buf
+    merge rule): an FP8 buffer is the pipeline's choice only, since at FP8 every all-gather moves FP8 data
+    anyway (TE forces it) and TE's other reduce-scatters always move bf16 partials."""
+    for knob in CONFIG_KNOBS:
+        if knob.fp8 is not None and getattr(config, knob.name) and gemm.dtype != "fp8":
+            raise ConfigError(knob.name, f"needs FP8 GEMMs (a shape with dtype fp8, not {gemm.dtype})", True)
+    if config.atomic_gemm:
+        raise ConfigError("atomic_gemm", ATOMIC_GEMM_RULE, True)
+    if config.fp8_buf and config.method != Method.PIPELINE:
+        raise ConfigError(
+            "fp8_buf",
+            "TE honours fp8_buf only for pipeline: at FP8 an all-gather always moves FP8 data and the other "
+            f"reduce-scatters bf16 partials (got method {config.method.value})",
             True,
         )
 
@@ -263,10 +305,11 @@ def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | N
             raise ConfigError(
                 "num_splits", f"only pipeline and ring_exchange split the GEMM, not {method.value}", config.num_splits
             )
-        elif not 1 <= config.num_splits <= MAX_NUM_SPLITS or gemm.n % config.num_splits:
+        elif not 1 <= config.num_splits <= MAX_NUM_SPLITS or not splits_fit(gemm, config.num_splits):
+            fp8 = f" into chunks {FP8_ALIGN} wide or a multiple (FP8 GEMMs)" if gemm.dtype == "fp8" else ""
             raise ConfigError(
                 "num_splits",
-                f"must be between 1 and {MAX_NUM_SPLITS} and divide the output width {gemm.n}",
+                f"must be between 1 and {MAX_NUM_SPLITS} and divide the output width {gemm.n}{fp8}",
                 config.num_splits,
             )
     if config.aggregate:

@@ -34,6 +34,7 @@ import torch.distributed._symmetric_memory as symm_mem
 
 from overlap_runtime import flag_kernels, ring_gemm
 from overlap_runtime import gemm as gemm_kernels
+from overlap_runtime.fp8 import Scales, as_bytes
 from overlap_runtime.races import Draws, FaultPlan, Jitter, SiteKind
 from overlap_runtime.symmetric import stream_wait, stream_write
 
@@ -165,22 +166,27 @@ class Device(abc.ABC):
         self.launch(lambda: t.fill_(value))
 
     # -- compute --------------------------------------------------------------------------------
+    # ``scales`` (scale_a, scale_b): FP8 operands' per-tensor dequantization scales (`fp8`); None otherwise.
     @abc.abstractmethod
-    def gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str) -> None:
+    def gemm(
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str,
+        scales: Scales | None = None,
+    ) -> None:  # fmt: skip
         """``out = a @ b`` with the GEMM ``kind`` held to ``num_sms`` SMs (None: all)."""
 
-    def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-        """The best library GEMM at full SMs: the `gemm_ms` reference."""
-        self.launch(lambda: torch.mm(a, b, out=out))
+    @abc.abstractmethod
+    def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales | None = None) -> None:
+        """The best library GEMM at full SMs: the `gemm_ms` reference (FP8: ``torch._scaled_mm``)."""
 
     def gather_gemm(
         self, a: torch.Tensor, ring: Any, b: torch.Tensor, out: torch.Tensor, *, epoch: int, num_sms: int | None,
-        site: str,
+        site: str, scales: Scales | None = None,
     ) -> None:  # fmt: skip
         """``out = all_gather(a) @ b`` in one launch of our GEMM, each peer chunk read from ``ring`` (a
         `symmetric.PeerBuffer`) once its ready flag reaches ``epoch`` (`ring_gemm.gather_matmul`)."""
         epoch = self._awaited(site, epoch)
         kwargs = dict(ready=ring.flags[: self.tp], epoch=epoch, rank=self.rank, num_sms=num_sms, **self._paced())
+        kwargs |= _scale_kwargs(scales)
         self.launch(lambda: self.kernels.gather_matmul(a, ring.local, b, out, **kwargs))
 
     def scatter_gemm(
@@ -195,6 +201,7 @@ class Device(abc.ABC):
         epoch: int,
         plan: ring_gemm.ScatterPlan,
         site: str,
+        scales: Scales | None = None,
     ) -> None:
         """``out = reduce_scatter(a @ b)`` (our chunk) in one launch of our GEMM that stages the other owners'
         partials in ``parts`` (counted per segment in ``counts``, a `symmetric.Counters`) and adds what arrived
@@ -204,7 +211,7 @@ class Device(abc.ABC):
         words = counts.words[: (self.tp - 1) * len(plan.segments)]
         ready = box.flags[: self.tp * box.lanes]
         kwargs = dict(parts=parts, counts=words, recv=box.local, ready=ready, epoch=epoch, rank=self.rank, plan=plan)
-        kwargs |= self._paced()
+        kwargs |= self._paced() | _scale_kwargs(scales)
         self.launch(lambda: self.kernels.scatter_matmul(a, b, out, **kwargs))
 
     def reduce_when_ready(
@@ -271,7 +278,9 @@ class Device(abc.ABC):
     def _collective(self, options: CommOptions, issue: Callable[[Any], list[Any]]) -> Work:
         """Run ``issue(group)`` (async torch.distributed calls, their works returned) in stream order."""
 
+    # FP8 tensors travel as their bytes (`fp8.as_bytes`): gloo has no float8 type, and a transfer needs none.
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
+        out, shard = as_bytes(out), as_bytes(shard)
         return self._collective(options, lambda group: [_all_gather(out, shard, group=group, async_op=True)])
 
     def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
@@ -286,8 +295,8 @@ class Device(abc.ABC):
         """Point-to-point sends and receives issued together (NCCL send/recv kernels, or gloo threads)."""
 
         def issue(group: Any) -> list[Any]:
-            ops = [dist.P2POp(dist.isend, t, group=group, group_peer=peer) for t, peer in sends]
-            ops += [dist.P2POp(dist.irecv, t, group=group, group_peer=peer) for t, peer in recvs]
+            ops = [dist.P2POp(dist.isend, as_bytes(t), group=group, group_peer=peer) for t, peer in sends]
+            ops += [dist.P2POp(dist.irecv, as_bytes(t), group=group, group_peer=peer) for t, peer in recvs]
             return dist.batch_isend_irecv(ops) if ops else []
 
         return self._collective(options, issue)
@@ -400,9 +409,19 @@ class CudaDevice(Device):
                 torch.cuda._sleep(int(delay * self.SLEEP_CYCLES_PER_S))
         work()
 
-    def gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str) -> None:
+    def gemm(
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str,
+        scales: Scales | None = None,
+    ) -> None:  # fmt: skip
         matmul = gemm_kernels.matmul if kind == "triton" else gemm_kernels.cublas_matmul
-        self.launch(lambda: matmul(a, b, out, num_sms=num_sms))
+        kwargs = _scale_kwargs(scales)
+        self.launch(lambda: matmul(a, b, out, num_sms=num_sms, **kwargs))
+
+    def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales | None = None) -> None:
+        if scales is None:
+            self.launch(lambda: torch.mm(a, b, out=out))
+        else:
+            self.launch(lambda: gemm_kernels.cublas_matmul(a, b, out, **_scale_kwargs(scales)))
 
     def symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
         local = symm_mem.empty(*shape, dtype=dtype, device=self.device)
@@ -448,6 +467,11 @@ class CudaDevice(Device):
         for _ in range(align_sleeps(host_ms)):
             torch.cuda._sleep(ALIGN_SLEEP_CYCLES)
         dist.all_reduce(torch.zeros(1, device=self.device), group=self.pg)
+
+
+def _scale_kwargs(scales: Scales | None) -> dict[str, torch.Tensor]:
+    """The ``scale_a``, ``scale_b`` keyword arguments of our kernels (none for 16/32-bit operands)."""
+    return {} if scales is None else {"scale_a": scales[0], "scale_b": scales[1]}
 
 
 class Timer:

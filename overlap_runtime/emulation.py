@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from overlap_runtime import host_kernels
 from overlap_runtime.device import CommOptions, Device, Kernels, Work
+from overlap_runtime.fp8 import Scales, host_mm
 from overlap_runtime.host_kernels import WAIT_LIMIT_S, StreamError, wait_until
 from overlap_runtime.races import Jitter
 
@@ -183,8 +184,16 @@ class HostDevice(Device):
                 error, stream.error = stream.error, None
                 raise StreamError(f"{type(error).__name__} on stream {stream.name}: {error}") from error
 
-    def gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str) -> None:
-        self.launch(lambda: torch.mm(a, b, out=out))  # any GEMM kind: only the order of the work matters here
+    def gemm(
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str,
+        scales: Scales | None = None,
+    ) -> None:  # fmt: skip
+        self.library_gemm(a, b, out, scales)  # any GEMM kind: only the order of the work matters here
+
+    def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales | None = None) -> None:
+        """``torch.mm``; FP8 operands dequantized, then multiplied in fp32 (`fp8.host_mm`: the CPU's stand-in for
+        ``torch._scaled_mm``)."""
+        self.launch(lambda: host_mm(a, b, out, scales))
 
     def symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Files in shared memory, one per rank, that every rank maps (all ranks call this together)."""

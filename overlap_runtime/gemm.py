@@ -645,7 +645,7 @@ def cublas_matmul(
     set to ``sm_count - num_sms``; both are process-global and read at launch, so they are set right
     before the call and restored (previous carve-out, previous backend) right after it, also on error.
     Not thread-safe against other threads launching cuBLAS meanwhile.  A strided ``out`` is written in
-    place (``torch.mm``'s ``out=`` takes any strides).
+    place (``torch.mm``'s ``out=`` takes any strides; ``torch._scaled_mm``'s is given a contiguous one).
     """
     m, n, _ = check_operands(a, b, out)
     scales = check_scales(a, scale_a, scale_b)
@@ -659,7 +659,12 @@ def cublas_matmul(
         if scales is None:
             torch.mm(a, b, out=out)
         else:
-            torch._scaled_mm(a, b, *scales, out_dtype=out.dtype, use_fast_accum=True, out=out)
+            # torch._scaled_mm writes out as if it were contiguous (torch 2.13 on CPU filled a [64, 48] column
+            # slice of a [64, 200] buffer row after row): a strided out gets the product through a contiguous one.
+            target = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+            torch._scaled_mm(a, b, *scales, out_dtype=out.dtype, use_fast_accum=True, out=target)
+            if target is not out:
+                out.copy_(target)
     return out
 
 

@@ -22,6 +22,8 @@ import torch.distributed as dist
 from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
 from overlap_runtime.device import CudaDevice, Device, Timer
 from overlap_runtime.emulation import HostDevice
+from overlap_runtime.fp8 import E4M3_MAX
+from overlap_runtime.gemm import FP8
 from overlap_runtime.group import RankContext
 from overlap_runtime.measurement import REL_ERR_LIMIT, Baselines, BaselineSource, Measurement
 from overlap_runtime.methods import BULK_GATHERED, Operands, Plan, comm_only, gemm_only, run, serial
@@ -59,15 +61,53 @@ def limits_task(ctx: RankContext) -> DeviceLimits | None:
     )
 
 
+FP8_SCALE_A = 0.75
+FP8_SCALE_B = 0.5
+"""FP8 inputs are E4M3 values of unit spread with dequantization scales ``FP8_SCALE_A * k**-0.25`` (one for
+the whole gathered input, as TE's amax reduction over the group gives every shard one scale) and
+``FP8_SCALE_B * (1 + rank / 4) * k**-0.25`` (each rank's own weight scale): products stay O(1) whatever K
+is, and no scale is a power of two, so one dropped or applied twice shows in the numerical check."""
+PARTIAL_SIGMAS = 8.0
+"""An FP8 reduce-scatter buffer's scale maps this many standard deviations of a partial to E4M3's largest
+value: no partial of these inputs comes near it (more than 8 sigma: about 1e-15 per element), and values
+down to 2^-9 of it keep E4M3's full 3-bit mantissa."""
+
+
+def fp8_scales(dev: Device, gemm: SlotGemm) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """(scale_a, scale_b) of this rank's FP8 inputs and the partials' scale every rank shares (`FP8_SCALE_A`)."""
+    k_term = gemm.k**-0.25
+    scale_a = FP8_SCALE_A * k_term
+    scale_b = [FP8_SCALE_B * (1 + r / 4) * k_term for r in range(dev.tp)]
+    # A partial sums k products of unit-spread values: its spread is sqrt(k) * scale_a * scale_b.
+    sigma = math.sqrt(gemm.k) * scale_a * max(scale_b)
+
+    def one(value: float) -> torch.Tensor:
+        return torch.tensor([value], dtype=torch.float32, device=dev.device)
+
+    return (one(scale_a), one(scale_b[dev.rank])), one(PARTIAL_SIGMAS * sigma / E4M3_MAX)
+
+
 def make_operands(dev: Device, gemm: SlotGemm, seed: int) -> tuple[Operands, list[tuple[torch.Tensor, ...]]]:
-    """Output buffers and a list of rotating random input sets (a, b[, x])."""
+    """Output buffers and a list of rotating random input sets (a, b[, x]).
+
+    fp8 shapes: a, b and a gathered x are E4M3 (`fp8_scales`), b column-major (``w.t()`` of a row-major
+    weight, as TE holds it and ``torch._scaled_mm`` needs it); out and a reduce-scattered x are bf16 (on CPU
+    too, so the gloo collectives move the dtypes the GPU's do)."""
     rows = gemm.tokens // gemm.tp
     gen = torch.Generator(device=dev.device).manual_seed(seed * 1000 + dev.rank)
-    dtype = torch.bfloat16 if dev.is_cuda else torch.float32
+    fp8 = gemm.dtype == "fp8"
+    # bf16 shapes run fp32 on CPU: the reference and the methods then agree to rounding of fp32 sums.
+    dtype = torch.bfloat16 if dev.is_cuda or fp8 else torch.float32
+    scales, partial_scale = fp8_scales(dev, gemm) if fp8 else (None, None)
 
-    def rand(*shape: int) -> torch.Tensor:
+    def rand(*shape: int, quantized: bool = False) -> torch.Tensor:
+        if quantized:  # unit spread, well inside E4M3's range; the scales size the products
+            return torch.randn(shape, generator=gen, device=dev.device).to(FP8)
         # Scaled so the products stay O(1) whatever K is.
         return torch.randn(shape, generator=gen, device=dev.device, dtype=dtype) / math.sqrt(shape[-1])
+
+    def weight() -> torch.Tensor:
+        return rand(gemm.n, gemm.k, quantized=True).t() if fp8 else rand(gemm.k, gemm.n)
 
     if gemm.coupled and gemm.collective == Collective.ALL_GATHER:
         a_shape, out_shape = (rows, gemm.k), (gemm.tokens, gemm.n)
@@ -79,20 +119,35 @@ def make_operands(dev: Device, gemm: SlotGemm, seed: int) -> tuple[Operands, lis
     if not gemm.coupled:
         full, shard = (gemm.tokens, gemm.hidden), (rows, gemm.hidden)
         x_shape, y_shape = (shard, full) if gemm.collective == Collective.ALL_GATHER else (full, shard)
-    set_bytes = (math.prod(a_shape) + gemm.k * gemm.n + (math.prod(x_shape) if x_shape else 0)) * 2
+    # At FP8 an all-gather moves the FP8 input (TE forces an FP8 buffer there), a reduce-scatter bf16.
+    x_fp8 = fp8 and gemm.collective == Collective.ALL_GATHER
+    in_bytes = FP8.itemsize if fp8 else 2
+    x_bytes = math.prod(x_shape) * (in_bytes if x_fp8 else 2) if x_shape else 0
+    set_bytes = (math.prod(a_shape) + gemm.k * gemm.n) * in_bytes + x_bytes
     n_sets = max(MIN_SETS, min(MAX_SETS, math.ceil(ROTATE_BYTES / set_bytes)) if dev.is_cuda else MIN_SETS)
-    sets = [(rand(*a_shape), rand(gemm.k, gemm.n), *([rand(*x_shape)] if x_shape else [])) for _ in range(n_sets)]
+    sets = [
+        (rand(*a_shape, quantized=fp8), weight(), *([rand(*x_shape, quantized=x_fp8)] if x_shape else []))
+        for _ in range(n_sets)
+    ]
     out = torch.empty(out_shape, device=dev.device, dtype=dtype)
-    ops = Operands(gemm=gemm, a=sets[0][0], b=sets[0][1], out=out, x=sets[0][2] if x_shape else None)
+    ops = Operands(
+        gemm=gemm,
+        a=sets[0][0],
+        b=sets[0][1],
+        out=out,
+        x=sets[0][2] if x_shape else None,
+        scales=scales,
+        partial_scale=partial_scale,
+    )
     if y_shape and gemm.collective == Collective.ALL_GATHER:
         # Peer-mapped, as TE's userbuffer is: a copy-engine bulk all-gather pushes straight into it.
-        ops.y = ops.peer_buffer(dev, BULK_GATHERED, y_shape).local
+        ops.y = ops.peer_buffer(dev, BULK_GATHERED, y_shape, sets[0][2].dtype).local
     elif y_shape:
         ops.y = torch.empty(y_shape, device=dev.device, dtype=dtype)
     if gemm.coupled and gemm.collective == Collective.ALL_GATHER:
         # `gemm_only` reads the gathered input, which only a collective fills: random until then, never the
         # allocator's zeros (an H200 runs a GEMM of zeros 12-15% faster: its power draw depends on the data).
-        ops.gathered().copy_(rand(gemm.tokens, gemm.k))
+        ops.gathered().copy_(rand(gemm.tokens, gemm.k, quantized=fp8))
     return ops, sets
 
 
@@ -284,7 +339,7 @@ def measure_task(
         gemm: p.baselines(baselines) if same_rounds else _cached(ctx, dev, p, seed, timing)
         for gemm, p in problems.items()
     }
-    limit = REL_ERR_LIMIT["bf16"]
+    limit = REL_ERR_LIMIT[shape.dtype]
     return [
         Measurement.measured(
             overlap=c.timed.series(),
@@ -314,7 +369,7 @@ def _check_numerics(dev: Device, c: _Candidate, *, seed: int = 0) -> float:
     for inputs in turns:
         if id(inputs) not in references:
             _use(ops, inputs)
-            serial(dev, ops)
+            serial(dev, ops, fp8_buf=c.plan.fp8_buf)
             dev.synchronize()
             references[id(inputs)] = [t.clone() for t in ops.outputs()]
     dev.barrier()  # every rank's reference is done before any rank's poison: no transfer is in flight
@@ -335,8 +390,19 @@ def _check_numerics(dev: Device, c: _Candidate, *, seed: int = 0) -> float:
 
 def _stage(dev: Device, ops: Operands, inputs: tuple[torch.Tensor, ...]) -> None:
     """Copy ``inputs`` into buffers of their own on the current stream and hand those to ``ops``."""
-    staged = [dev.copy(ops.buffer(f"staged_{i}", tuple(t.shape)), t) for i, t in enumerate(inputs)]
+    staged = [_staged(dev, ops, i, t) for i, t in enumerate(inputs)]
     _use(ops, tuple(staged))
+
+
+def _staged(dev: Device, ops: Operands, i: int, t: torch.Tensor) -> torch.Tensor:
+    """A copy of input ``t`` in a buffer of its own, with ``t``'s strides (a column-major FP8 weight stays one)."""
+    if _column_major(t):
+        return dev.copy(ops.buffer(f"staged_{i}", tuple(t.t().shape), t.dtype).t(), t)
+    return dev.copy(ops.buffer(f"staged_{i}", tuple(t.shape), t.dtype), t)
+
+
+def _column_major(t: torch.Tensor) -> bool:
+    return t.dim() == 2 and t.stride(0) == 1 and t.stride(1) != 1
 
 
 def _cached(ctx: RankContext, dev: Device, p: _Problem, seed: int, timing: dict) -> Baselines:

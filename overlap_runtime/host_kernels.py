@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from overlap_runtime.errors import AutotuneError
+from overlap_runtime.fp8 import Scales, host_mm, product
 from overlap_runtime.ring_gemm import ScatterPlan, Segment
 
 WAIT_LIMIT_S = 30.0
@@ -72,23 +73,25 @@ def reduce_when_ready(out: torch.Tensor, own: torch.Tensor, received: torch.Tens
 
 def gather_matmul(a: torch.Tensor, ring: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, ready: torch.Tensor,
                   epoch: int, rank: int, num_sms: int | None, pause: Callable[[], None] = _no_pause,
-                  limit_s: float = WAIT_LIMIT_S) -> None:  # fmt: skip
+                  limit_s: float = WAIT_LIMIT_S, scale_a: torch.Tensor | None = None,
+                  scale_b: torch.Tensor | None = None) -> None:  # fmt: skip
     """`ring_gemm.gather_matmul`: the local shard first (read in place), then each peer's chunk in ring order
     once its ready flag reached ``epoch``."""
     rows = a.shape[0]
     chunks = ring.shape[0] // rows
-    torch.mm(a, b, out=out[rank * rows : (rank + 1) * rows])
+    scales = _scales(scale_a, scale_b)
+    host_mm(a, b, out[rank * rows : (rank + 1) * rows], scales)
     for step in range(1, chunks):
         src = (rank - step) % chunks
         wait_until(ready, src, epoch, limit_s=limit_s)
         pause()
-        torch.mm(ring[src * rows : (src + 1) * rows], b, out=out[src * rows : (src + 1) * rows])
+        host_mm(ring[src * rows : (src + 1) * rows], b, out[src * rows : (src + 1) * rows], scales)
 
 
 def scatter_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, parts: torch.Tensor,
                    counts: torch.Tensor, recv: torch.Tensor, ready: torch.Tensor, epoch: int, rank: int,
-                   plan: ScatterPlan, pause: Callable[[], None] = _no_pause,
-                   limit_s: float = WAIT_LIMIT_S) -> None:  # fmt: skip
+                   plan: ScatterPlan, pause: Callable[[], None] = _no_pause, limit_s: float = WAIT_LIMIT_S,
+                   scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> None:  # fmt: skip
     """`ring_gemm.scatter_matmul`: each other owner's chunk first (owner rank+1+s at step s), segment by segment
     stored into ``parts[s]`` in the segment layout and counted (its tiles) once stored; then our own chunk,
     each segment once every source's flag for it reached ``epoch``, plus what they sent."""
@@ -96,16 +99,17 @@ def scatter_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, parts
     chunks = a.shape[0] // rows
     lanes = ready.numel() // chunks
     count = counts.numpy()
+    scales = _scales(scale_a, scale_b)
     for step in range(chunks - 1):
         owner = (rank + 1 + step) % chunks
         for j, seg in enumerate(plan.segments):
             pause()
-            block = _segment_product(a, b, owner * rows, seg)
+            block = _segment_product(a, b, owner * rows, seg, scales)
             parts[step].view(-1)[seg.offset : seg.offset + seg.numel].copy_(block.reshape(-1))
             count[step * len(plan.segments) + j] += seg.tiles
     for j, seg in enumerate(plan.segments):
         pause()
-        acc = _segment_product(a, b, rank * rows, seg)
+        acc = _segment_product(a, b, rank * rows, seg, scales)
         sources = [(rank - d) % chunks for d in range(1, chunks)]
         for src in sources:
             wait_until(ready, src * lanes + j, epoch, limit_s=limit_s)
@@ -115,6 +119,10 @@ def scatter_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, parts
         out[seg.row_start : seg.row_stop, seg.col_start : seg.col_stop] = acc
 
 
-def _segment_product(a: torch.Tensor, b: torch.Tensor, row0: int, seg: Segment) -> torch.Tensor:
-    """Segment ``seg`` of the chunk of ``a`` that starts at row ``row0``, times ``b``: [seg rows, seg cols]."""
-    return a[row0 + seg.row_start : row0 + seg.row_stop].float() @ b[:, seg.col_start : seg.col_stop].float()
+def _segment_product(a: torch.Tensor, b: torch.Tensor, row0: int, seg: Segment, scales: Scales | None) -> torch.Tensor:
+    """Segment ``seg`` of the chunk of ``a`` that starts at row ``row0``, times ``b``: [seg rows, seg cols], fp32."""
+    return product(a[row0 + seg.row_start : row0 + seg.row_stop], b[:, seg.col_start : seg.col_stop], scales)
+
+
+def _scales(scale_a: torch.Tensor | None, scale_b: torch.Tensor | None) -> Scales | None:
+    return None if scale_a is None or scale_b is None else (scale_a, scale_b)

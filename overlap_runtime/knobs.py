@@ -225,7 +225,8 @@ KNOBS: tuple[Knob, ...] = (
         te_default=False,
         backends=_GPU,
         fp8=Fp8Use.GEMM,
-        help="FP8 GEMMs: cuBLAS's atomic GEMM, which signals each finished chunk to the communicator.",
+        help="FP8 GEMMs: cuBLAS's atomic GEMM, which signals each finished chunk to the communicator (TE needs "
+        "cuBLAS >= 12.2 and < 13.0, Megatron deprecates it): catalogued, never measured; the fused ring is its analogue.",
     ),
     Knob(
         name="pipeline_rs_overlap_first_gemm",

@@ -21,9 +21,9 @@ and checks at construction that its configs can run its shape (`ConfigError` / `
 field).  All layers of a process on one group share one `TPContext`: its device and the operands of every
 GEMM problem (symmetric buffers, flags, scratch), set up on first use and reused across calls and steps.
 
-A peer that stops answering (a rank died) fails the waiting rank's call after ``wait_timeout_s`` on the CPU
-backend, where every wait (flag, event, collective) is bounded; on CUDA, NCCL's collectives are bounded by the
-process group's timeout and flag waits are not (docs/architecture.md, Library layers).
+A peer that stops answering (a rank died) fails the waiting rank after ``wait_timeout_s``: on the CPU backend
+every wait (flag, event, collective) is bounded and the call raises; on CUDA, where a stream's wait cannot be
+stopped, `watchdog` reports the op and ends the process (docs/architecture.md, Library layers).
 
 This module imports no torch: `ColumnParallelLinear`, `RowParallelLinear` and `TPContext` are loaded from
 `overlap_runtime.tp_linear` on first use.
@@ -40,8 +40,8 @@ from overlap_runtime.shape import EXTERNAL_SLOTS, Slot
 
 NO_OVERLAP = OverlapConfig(method=Method.NONE)
 DEFAULT_WAIT_TIMEOUT_S = 60.0
-"""How long a layer's wait for a peer (flag, event, collective) may block on the CPU backend before its call
-fails: far above any step of a model that fits on CPU, far below "forever"."""
+"""How long a layer's wait for a peer (flag, event, collective) may block before the rank fails: far above any
+one op of a layer, far below "forever"."""
 COLUMN_LAYERS = ("qkv", "fc1")
 ROW_LAYERS = ("proj", "fc2")
 ROLES = ("fprop", "dgrad", "wgrad")

@@ -12,8 +12,17 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.shape import Collective
 from overlap_runtime.uncertainty import REPLICATES, Series, hidden, hidden_replicates, percentile_interval
 
-REL_ERR_LIMIT = {"bf16": 2e-2}
-"""Largest relative error (||out - ref|| / ||ref||) against the serial reference that counts as correct."""
+REL_ERR_LIMIT = {"bf16": 2e-2, "fp8": 3e-2}
+"""Largest relative error (||out - ref|| / ||ref||) against the serial reference that counts as correct.
+
+bf16: the reference runs the same inputs, so only the order of the fp32 sums and the bf16 rounding of the
+output (2^-9 relative, about 0.2% RMS) differ, plus a chunk's bf16 partial rounded once more before its
+reduction.  fp8: the same FP8 values and scales on both sides (E4M3 quantization happens once, before either
+runs), so the error is bf16's plus two FP8 effects: the fast-accumulating FP8 MMAs of Hopper (cuBLAS and ours
+alike) carry fewer accumulator bits than fp32, and under ``fp8_buf`` a partial that the chunked GEMM rounds to
+the other side of an E4M3 step (2^-3 relative) lands one step away: rare (about 1 element in 30 of those whose
+bf16 partial differs by one ulp), under 1.2% of the norm even if every partial differed.  A race or a dropped
+scale is far above either: a stale chunk or a scale applied twice is off by O(1)."""
 _TIMES = ("gemm_ms", "comm_ms", "serial_ms", "overlap_ms", "rel_err", "cv")
 """The float fields, stored as None when not finite (JSON has no infinity)."""
 

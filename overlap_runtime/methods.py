@@ -9,6 +9,10 @@ Shapes per rank (T tokens, P = tp, r = this rank, rows = T/P, chunk c = rows [c*
 - bulk (qkv/fc1 dgrad and wgrad): ``out`` = a @ b beside an independent collective ``x`` -> ``y``
   (all-gather [rows, H] -> [T, H] or reduce-scatter [T, H] -> [rows, H]).
 
+dtypes: ``a``, ``b`` and what is gathered are the shape's inputs (FP8 E4M3 at fp8, with ``Operands.scales``);
+``out``, partials and what is reduce-scattered are the GEMM's output dtype (bf16 at fp8), except a pipeline
+with ``fp8_buf``, whose partials travel as FP8 (`fp8_reduce_scatter`).
+
 Every method leaves ``out`` (and ``y``) equal to the serial reference; `harness` checks it on every config.
 Streams: see `device`.  GEMM chunks go to `Lanes`; the main stream orders transfers and joins the lanes.
 Every wait and flag write of the copy-engine methods names its site, ``"<function>.<what>"`` (`races`).
@@ -26,7 +30,9 @@ import torch
 
 from overlap_runtime import ring_gemm
 from overlap_runtime.config import Method, OverlapConfig, sm_driven_comm
-from overlap_runtime.device import CommOptions, Device
+from overlap_runtime.device import CommOptions, Device, Work
+from overlap_runtime.fp8 import Scales, dequantized, quantize
+from overlap_runtime.gemm import FP8
 from overlap_runtime.knobs import DEFAULT_STREAMS
 from overlap_runtime.shape import Collective, SlotGemm
 from overlap_runtime.symmetric import ACK, READY, Counters, PeerBuffer
@@ -50,6 +56,8 @@ class Plan:
     aggregate: bool
     num_splits: int
     first_gemm: bool
+    fp8_buf: bool
+    """pipeline at FP8: the partials are reduce-scattered through an FP8 buffer (`fp8_reduce_scatter`)."""
     comm_priority: int
     gemm_priority: int
 
@@ -73,6 +81,7 @@ class Plan:
             aggregate=config.aggregate,
             num_splits=config.num_splits or 4,
             first_gemm=config.pipeline_rs_overlap_first_gemm,
+            fp8_buf=config.fp8_buf,
             comm_priority=config.comm_priority or 0,
             gemm_priority=config.gemm_priority or 0,
         )
@@ -88,6 +97,11 @@ class Operands:
     out: torch.Tensor
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
+    scales: Scales | None = None
+    """FP8 ``a`` and ``b``'s dequantization scales (`fp8`), the same for every input set; None otherwise."""
+    partial_scale: torch.Tensor | None = None
+    """FP8: the scale an FP8 reduce-scatter buffer quantizes partials with, the same on every rank (TE's
+    delayed scaling: known before the GEMM, from the amax reduced over the group)."""
     scratch: dict[tuple[str, tuple[int, ...]], Any] = field(default_factory=dict)
     turn: int = 0
     """Calls that took an input set so far (`harness`): the next call takes set ``turn % sets``."""
@@ -105,19 +119,25 @@ class Operands:
 
     def gathered(self) -> torch.Tensor:
         """The all-gathered input [tokens, k] of an all-gather slot: scratch that the collective fills."""
-        return self.buffer("gathered", (self.gemm.tokens, self.gemm.k))
+        return self.buffer("gathered", (self.gemm.tokens, self.gemm.k), self.a.dtype)
 
-    def buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def partials(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Scratch in the GEMM's output dtype: partial products and what they are reduced into."""
+        return self.buffer(name, shape, self.out.dtype)
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Scratch kept across calls; methods that share a name with another shape get their own."""
         key = (name, shape)
         if key not in self.scratch:
-            self.scratch[key] = torch.empty(shape, dtype=self.a.dtype, device=self.a.device)
+            self.scratch[key] = torch.empty(shape, dtype=dtype, device=self.a.device)
         return self.scratch[key]
 
-    def peer_buffer(self, dev: Device, name: str, shape: tuple[int, ...], *, lanes: int = 1) -> PeerBuffer:
+    def peer_buffer(
+        self, dev: Device, name: str, shape: tuple[int, ...], dtype: torch.dtype, *, lanes: int = 1
+    ) -> PeerBuffer:
         key = (name, shape)
         if key not in self.scratch:
-            self.scratch[key] = PeerBuffer(dev, shape, self.a.dtype, lanes=lanes)
+            self.scratch[key] = PeerBuffer(dev, shape, dtype, lanes=lanes)
         return self.scratch[key]
 
     def counters(self, dev: Device, name: str, n: int) -> Counters:
@@ -188,31 +208,62 @@ def run(dev: Device, ops: Operands, plan: Plan) -> None:
         (_ring_rs_ce if plan.use_ce else _ring_rs)(dev, ops, plan)
 
 
-def serial(dev: Device, ops: Operands) -> None:
-    """No overlap: the collective and the library GEMM back to back (the reference and the `none` method)."""
+def serial(dev: Device, ops: Operands, *, fp8_buf: bool = False) -> None:
+    """No overlap: the collective and the library GEMM back to back (the reference and the `none` method).
+
+    ``fp8_buf``: the reduce-scatter goes through an FP8 buffer, quantized as a pipeline with ``fp8_buf``
+    quantizes (the reference of such a config: the same quantization, so only the order of the sums differs)."""
     g = ops.gemm
     if not g.coupled:
         _independent_collective(dev, ops, CommOptions()).wait()
-        dev.library_gemm(ops.a, ops.b, ops.out)
+        dev.library_gemm(ops.a, ops.b, ops.out, ops.scales)
     elif g.collective == Collective.ALL_GATHER:
         gathered = ops.gathered()
         dev.all_gather(gathered, ops.a).wait()
-        dev.library_gemm(gathered, ops.b, ops.out)
+        dev.library_gemm(gathered, ops.b, ops.out, ops.scales)
     else:
-        partial = ops.buffer("partial", (g.tokens, g.n))
-        dev.library_gemm(ops.a, ops.b, partial)
-        dev.reduce_scatter(ops.out, partial).wait()
+        partial = ops.partials("partial", (g.tokens, g.n))
+        dev.library_gemm(ops.a, ops.b, partial, ops.scales)
+        if fp8_buf:
+            fp8_reduce_scatter(dev, ops, ops.out, partial, "serial", CommOptions()).wait()
+        else:
+            dev.reduce_scatter(ops.out, partial).wait()
+
+
+def fp8_reduce_scatter(
+    dev: Device, ops: Operands, out: torch.Tensor, full: torch.Tensor, name: str, options: CommOptions
+) -> Work:
+    """``out = reduce_scatter(full)`` through an FP8 buffer (TE's pipeline with ``fp8_buf``): on the current
+    stream ``full`` [T, n] is quantized with `Operands.partial_scale`; each owner's rows travel to it as FP8
+    (half the bytes of bf16) and `Work.wait` queues, on the waiting stream, the owner's fp32 sum of what it
+    received, dequantized, into ``out`` [T/P, n].  ``name`` keeps the scratch of concurrent calls apart."""
+    p, r = dev.tp, dev.rank
+    scale = ops.partial_scale
+    assert scale is not None, "an FP8 buffer needs FP8 operands (check_config)"
+    sent = ops.buffer(f"{name}_fp8_sent", tuple(full.shape), FP8)
+    received = ops.buffer(f"{name}_fp8_received", (p, *out.shape), FP8)
+    dev.launch(lambda: quantize(full, scale, out=sent))
+    dev.copy(received[r], sent[ops.chunk(r)])
+    peers = [(r + d) % p for d in range(1, p)]
+    work = dev.exchange(
+        [(sent[ops.chunk(peer)], peer) for peer in peers], [(received[peer], peer) for peer in peers], options
+    )
+
+    def reduce() -> None:
+        out.copy_(dequantized(received, scale).sum(dim=0))
+
+    return Work([work.wait, lambda: dev.launch(reduce)])
 
 
 def gemm_only(dev: Device, ops: Operands) -> None:
     """The full GEMM alone, all SMs, library GEMM: what `gemm_ms` times."""
     g = ops.gemm
     if g.coupled and g.collective == Collective.ALL_GATHER:
-        dev.library_gemm(ops.gathered(), ops.b, ops.out)
+        dev.library_gemm(ops.gathered(), ops.b, ops.out, ops.scales)
     elif g.coupled:
-        dev.library_gemm(ops.a, ops.b, ops.buffer("partial", (g.tokens, g.n)))
+        dev.library_gemm(ops.a, ops.b, ops.partials("partial", (g.tokens, g.n)), ops.scales)
     else:
-        dev.library_gemm(ops.a, ops.b, ops.out)
+        dev.library_gemm(ops.a, ops.b, ops.out, ops.scales)
 
 
 def comm_only(dev: Device, ops: Operands) -> None:
@@ -223,7 +274,7 @@ def comm_only(dev: Device, ops: Operands) -> None:
     elif g.collective == Collective.ALL_GATHER:
         dev.all_gather(ops.gathered(), ops.a).wait()
     else:
-        dev.reduce_scatter(ops.out, ops.buffer("partial", (g.tokens, g.n))).wait()
+        dev.reduce_scatter(ops.out, ops.partials("partial", (g.tokens, g.n))).wait()
 
 
 def _independent_collective(dev: Device, ops: Operands, options: CommOptions) -> Any:
@@ -233,8 +284,8 @@ def _independent_collective(dev: Device, ops: Operands, options: CommOptions) ->
     return dev.reduce_scatter(ops.y, ops.x, options)
 
 
-def _gemm(dev: Device, plan: Plan) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
-    return lambda a, b, out: dev.gemm(a, b, out, num_sms=plan.gemm_sms, kind=plan.gemm_kind)
+def _gemm(dev: Device, plan: Plan, ops: Operands) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
+    return lambda a, b, out: dev.gemm(a, b, out, num_sms=plan.gemm_sms, kind=plan.gemm_kind, scales=ops.scales)
 
 
 def _bulk(dev: Device, ops: Operands, plan: Plan) -> None:
@@ -242,7 +293,7 @@ def _bulk(dev: Device, ops: Operands, plan: Plan) -> None:
     copy engine, the transfers run on our comm stream instead and take no SM but the final reduction's."""
     if not plan.use_ce:
         work = _independent_collective(dev, ops, plan.comm)
-        _gemm(dev, plan)(ops.a, ops.b, ops.out)
+        _gemm(dev, plan, ops)(ops.a, ops.b, ops.out)
         work.wait()
         return
     comm = dev.stream("comm", 0, plan.comm_priority)
@@ -250,7 +301,7 @@ def _bulk(dev: Device, ops: Operands, plan: Plan) -> None:
     with dev.on(comm):
         dev.wait(ready, site="bulk.inputs")
         (_bulk_gather_ce if ops.gemm.collective == Collective.ALL_GATHER else _bulk_scatter_ce)(dev, ops)
-    _gemm(dev, plan)(ops.a, ops.b, ops.out)
+    _gemm(dev, plan, ops)(ops.a, ops.b, ops.out)
     _join_stream(dev, comm, site="bulk.join")
 
 
@@ -264,7 +315,7 @@ def _bulk_gather_ce(dev: Device, ops: Operands) -> None:
     """
     assert ops.x is not None and ops.y is not None
     p, r = dev.tp, dev.rank
-    buf = ops.peer_buffer(dev, BULK_GATHERED, tuple(ops.y.shape))
+    buf = ops.peer_buffer(dev, BULK_GATHERED, tuple(ops.y.shape), ops.y.dtype)
     assert buf.local.data_ptr() == ops.y.data_ptr(), "y must live in the bulk peer buffer (make_operands)"
     e = buf.next_epoch()
     for src in _senders(dev):
@@ -283,7 +334,7 @@ def _bulk_scatter_ce(dev: Device, ops: Operands) -> None:
     arrived for our rows (the only SM work of a copy-engine reduce-scatter)."""
     assert ops.x is not None and ops.y is not None
     p, r = dev.tp, dev.rank
-    box = ops.peer_buffer(dev, "bulk_received", (p, ops.rows, ops.gemm.hidden))
+    box = ops.peer_buffer(dev, "bulk_received", (p, ops.rows, ops.gemm.hidden), ops.x.dtype)
     e = box.next_epoch()
     for d in range(1, p):
         owner = (r + d) % p
@@ -301,7 +352,7 @@ def _ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
     With ``aggregate`` the partner ranks (r, r^1) first swap chunks, then pairs travel two ranks per step.
     """
     p, r = dev.tp, dev.rank
-    gemm = _gemm(dev, plan)
+    gemm = _gemm(dev, plan, ops)
     gathered = ops.gathered()
     dev.copy(gathered[ops.chunk(r)], ops.a)
     comm = dev.stream("comm", 0, plan.comm_priority)
@@ -346,9 +397,9 @@ def _ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
     """Ring reduce-scatter with send/recv: GEMM each owner's chunk (others first, own last), send the partial
     to its owner as soon as it is done, and reduce what arrived at the end."""
     g, p, r = ops.gemm, dev.tp, dev.rank
-    gemm = _gemm(dev, plan)
-    parts = ops.buffer("parts", (p, ops.rows, g.n))
-    received = ops.buffer("received", (max(p - 1, 1), ops.rows, g.n))
+    gemm = _gemm(dev, plan, ops)
+    parts = ops.partials("parts", (p, ops.rows, g.n))
+    received = ops.partials("received", (max(p - 1, 1), ops.rows, g.n))
     lanes = Lanes(dev, plan.streams, plan.gemm_priority)
     works = []
     for s in range(p):
@@ -377,15 +428,18 @@ def _pipeline_rs(dev: Device, ops: Operands, plan: Plan) -> None:
     Each RS is issued from its chunk's lane, so it waits for that chunk's GEMM and nothing else."""
     g, k = ops.gemm, plan.num_splits
     width = g.n // k
-    gemm = _gemm(dev, plan)
-    parts = ops.buffer("parts", (k, g.tokens, width))
-    scattered = ops.buffer("scattered", (k, ops.rows, width)) if k > 1 else ops.out.unsqueeze(0)
+    gemm = _gemm(dev, plan, ops)
+    parts = ops.partials("parts", (k, g.tokens, width))
+    scattered = ops.partials("scattered", (k, ops.rows, width)) if k > 1 else ops.out.unsqueeze(0)
     lanes = Lanes(dev, plan.streams, plan.gemm_priority)
     works: list[Any] = []
 
     def scatter(j: int) -> None:
         with lanes.lane(j):
-            works.append(dev.reduce_scatter(scattered[j], parts[j], plan.comm))
+            if plan.fp8_buf:
+                works.append(fp8_reduce_scatter(dev, ops, scattered[j], parts[j], f"pipeline{j}", plan.comm))
+            else:
+                works.append(dev.reduce_scatter(scattered[j], parts[j], plan.comm))
 
     for j in range(k):
         with lanes.lane(j):
@@ -407,7 +461,7 @@ def _push_shard(dev: Device, ops: Operands, plan: Plan) -> tuple[PeerBuffer, int
     """On the comm stream: push the local shard straight into every peer's gather buffer (nearest consumer
     first) and raise its ready flag there.  Returns the buffer, the call's epoch and the comm stream."""
     g, p, r = ops.gemm, dev.tp, dev.rank
-    buf = ops.peer_buffer(dev, "gathered_peer", (g.tokens, g.k))
+    buf = ops.peer_buffer(dev, "gathered_peer", (g.tokens, g.k), ops.a.dtype)
     e = buf.next_epoch()
     comm = dev.stream("comm", 0, plan.comm_priority)
     ready = dev.mark()
@@ -445,7 +499,9 @@ def _fused_ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
     """Copy-engine all-gather into one launch of our GEMM that starts on the local shard and reads each
     peer's chunk once its ready flag arrives (`ring_gemm.gather_matmul`)."""
     buf, e, comm = _push_shard(dev, ops, plan)
-    dev.gather_gemm(ops.a, buf, ops.b, ops.out, epoch=e, num_sms=plan.gemm_sms, site="fused_ag.arrived")
+    dev.gather_gemm(
+        ops.a, buf, ops.b, ops.out, epoch=e, num_sms=plan.gemm_sms, site="fused_ag.arrived", scales=ops.scales
+    )
     _keep_gathered(dev, ops, buf)
     _finish(dev, comm, buf, e)
 
@@ -467,14 +523,14 @@ def _fused_ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
         ops.rows, g.n, g.k, chunks=p, dtype=ops.a.dtype, device=ops.a.device, num_sms=plan.gemm_sms
     )
     lanes = ring_gemm.max_segments(ops.rows)
-    box = ops.peer_buffer(dev, "scattered_peer", (p, ops.rows, g.n), lanes=lanes)
-    parts = ops.buffer("scatter_parts", (p - 1, ops.rows, g.n))
+    box = ops.peer_buffer(dev, "scattered_peer", (p, ops.rows, g.n), ops.out.dtype, lanes=lanes)
+    parts = ops.partials("scatter_parts", (p - 1, ops.rows, g.n))
     counts = ops.counters(dev, "scatter_counts", (p - 1) * lanes)
     e = box.next_epoch()
     # The kernel is queued before the pushes that wait for it: should the comm stream share a hardware queue
     # with this one (more streams than CUDA_DEVICE_MAX_CONNECTIONS), the kernel is then ahead of them.
     dev.scatter_gemm(ops.a, ops.b, ops.out, parts=parts, counts=counts, box=box, epoch=e, plan=tiling,
-                     site="fused_rs.arrived")  # fmt: skip
+                     site="fused_rs.arrived", scales=ops.scales)  # fmt: skip
     comm = dev.stream("comm", 0, plan.comm_priority)
     # No wait for the main stream: the pushes read only what the counts release, into slots that the owners'
     # acknowledgements release, and the main stream writes `parts` again only after joining them (`_finish`).
@@ -494,7 +550,7 @@ def _ring_ag_ce(dev: Device, ops: Operands, plan: Plan) -> None:
     """Copy-engine all-gather: push the local shard straight into every peer's buffer, GEMM the local chunk
     meanwhile, then each peer's chunk as its ready flag arrives."""
     p, r = dev.tp, dev.rank
-    gemm = _gemm(dev, plan)
+    gemm = _gemm(dev, plan, ops)
     buf, e, comm = _push_shard(dev, ops, plan)
     lanes = Lanes(dev, plan.streams, plan.gemm_priority)
     with lanes.lane(0):
@@ -513,9 +569,9 @@ def _ring_rs_ce(dev: Device, ops: Operands, plan: Plan) -> None:
     """Copy-engine reduce-scatter: GEMM each owner's chunk (others first), push the partial into the owner's
     receive slot as soon as it is done, GEMM our own chunk meanwhile, then add each partial as it arrives."""
     g, p, r = ops.gemm, dev.tp, dev.rank
-    gemm = _gemm(dev, plan)
-    parts = ops.buffer("parts", (p, ops.rows, g.n))
-    box = ops.peer_buffer(dev, "received_peer", (p, ops.rows, g.n))
+    gemm = _gemm(dev, plan, ops)
+    parts = ops.partials("parts", (p, ops.rows, g.n))
+    box = ops.peer_buffer(dev, "received_peer", (p, ops.rows, g.n), ops.out.dtype)
     e = box.next_epoch()
     comm = dev.stream("comm", 0, plan.comm_priority)
     lanes = Lanes(dev, plan.streams, plan.gemm_priority)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from overlap_runtime.config import DeviceLimits, OverlapConfig, check_config, problem
+from overlap_runtime.config import DeviceLimits, OverlapConfig, check_config, fp8_misfit, problem
 from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.group import TPGroup
 from overlap_runtime.knobs import BACKENDS, RUNTIME_BACKENDS, TE
@@ -74,8 +74,11 @@ class Runtime:
         """Raise unless this runtime can measure ``config`` for ``slot`` of ``shape``."""
         if shape.tp != self.tp:
             raise ShapeError("tp", f"this runtime's TP group has {self.tp} ranks", shape.tp)
-        if shape.dtype != "bf16":
-            raise ShapeError("dtype", "the runtime measures bf16 GEMMs only (FP8 is not implemented yet)", shape.dtype)
+        if self.backend == TE and shape.dtype != "bf16":
+            raise ShapeError("dtype", "the te backend measures TE's bf16 GEMMs only (no FP8 recipe yet)", shape.dtype)
+        misfit = fp8_misfit(problem(shape, Slot(slot), config.method))
+        if misfit is not None:
+            raise ShapeError("dtype", misfit, shape.dtype)
         check_config(config, problem(shape, Slot(slot), config.method), backend=self.backend, limits=self.limits)
 
     def measure(

@@ -248,6 +248,8 @@ class SlotGemm:
     """T: the communicated tensor is [T, hidden] (gathered) / [T/P, hidden] (scattered)."""
     hidden: int
     tp: int
+    dtype: str = "bf16"
+    """The shape's GEMM input dtype (`DTYPES`): fp8 GEMMs take E4M3 operands and write bf16."""
 
 
 # Slots grouped by how their collective relates to the GEMM (docs/te_rules.md, Slots).
@@ -311,4 +313,5 @@ def slot_gemm(shape: ModelShape, slot: Slot, *, rs_dgrad: bool = False) -> SlotG
         tokens=shape.tokens,
         hidden=shape.hidden,
         tp=shape.tp,
+        dtype=shape.dtype,
     )

@@ -232,16 +232,21 @@ class _Slot:
     calls: dict[LinearCall, Calls] = field(default_factory=dict)
 
     def calls_of(self, ctx: RankContext, call: LinearCall) -> Calls:
-        """The module of ``call`` with its inputs (seeded by the slot's seed), built on first use."""
+        """The module of ``call``, built on first use; modules whose inputs have the same shapes (the slot's
+        TP modules, with userbuffers and without) share one list of them, so the check compares like with like."""
         if call not in self.calls:
+            shapes = (call.input_shape, call.grad_shape)
+            sets = next(
+                (c.sets for c in self.calls.values() if (c.call.input_shape, c.call.grad_shape) == shapes), None
+            )
             seed = self.seed * 1000 + ctx.rank + 1
-            self.calls[call] = linear_calls(call, self.weight, device=ctx.device, seed=seed)
+            self.calls[call] = linear_calls(call, self.weight, device=ctx.device, seed=seed, sets=sets)
         return self.calls[call]
 
 
-def linear_calls(call: LinearCall, weight: Any, *, device: Any, seed: int) -> Calls:
-    """``call``'s ``te.Linear`` holding ``weight`` (this rank's shard), on rotating random inputs seeded by
-    ``seed``; a module with ``tp_size`` above 1 runs on the default process group."""
+def linear_calls(call: LinearCall, weight: Any, *, device: Any, seed: int, sets: list | None = None) -> Calls:
+    """``call``'s ``te.Linear`` holding ``weight`` (this rank's shard), on ``sets`` of (input, grad) or on
+    rotating random ones seeded by ``seed``; a module with ``tp_size`` above 1 runs on the default process group."""
     import torch
     import torch.distributed as dist
     import transformer_engine.pytorch as te
@@ -250,9 +255,10 @@ def linear_calls(call: LinearCall, weight: Any, *, device: Any, seed: int) -> Ca
     module = te.Linear(**call.kwargs(), tp_group=group, params_dtype=torch.bfloat16, device=device)
     with torch.no_grad():
         module.weight.copy_(weight)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    n = _n_sets(call.input_shape, call.grad_shape)
-    sets = [(_rand(gen, call.input_shape, device), _rand(gen, call.grad_shape, device)) for _ in range(n)]
+    if sets is None:
+        gen = torch.Generator(device=device).manual_seed(seed)
+        n = _n_sets(call.input_shape, call.grad_shape)
+        sets = [(_rand(gen, call.input_shape, device), _rand(gen, call.grad_shape, device)) for _ in range(n)]
     return Calls(module=module, call=call, sets=sets)
 
 
@@ -474,17 +480,16 @@ def _layer_task(
         base.destroy_ub()  # re-initialized for every variant, even one measured just before
         ub.current = None
     ub.ensure(shape, cfgs)
-    overlap = cfgs is not None
+    kwargs = layer_kwargs(shape, cfgs)
+    key = (shape, tuple(kwargs.items()))  # one layer per set of userbuffers flags (RS-dgrad or bulk, or none)
     layers = ctx.state.setdefault("te_layers", {})
-    if (shape, overlap) not in layers:
-        torch.manual_seed(1234)  # the same weights with userbuffers and without
-        layer = te.TransformerLayer(
-            **layer_kwargs(shape, cfgs), tp_group=dist.group.WORLD, params_dtype=torch.bfloat16, device=ctx.device
-        )
+    if key not in layers:
+        torch.manual_seed(1234)  # the same weights whatever the flags
+        layer = te.TransformerLayer(**kwargs, tp_group=dist.group.WORLD, params_dtype=torch.bfloat16, device=ctx.device)
         gen = torch.Generator(device=ctx.device).manual_seed(ctx.rank)
         x = torch.randn(layer_input_shape(shape), generator=gen, device=ctx.device, dtype=torch.bfloat16)
-        layers[(shape, overlap)] = (layer, x, torch.randn_like(x))
-    layer, x, dy = layers[(shape, overlap)]
+        layers[key] = (layer, x, torch.randn_like(x))
+    layer, x, dy = layers[key]
 
     inp: list[Any] = []
 

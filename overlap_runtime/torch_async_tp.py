@@ -3,11 +3,17 @@
 ``torch.ops.symm_mem.fused_all_gather_matmul`` (all-gather slots) and ``fused_matmul_reduce_scatter``
 (reduce-scatter slots) decompose the collective into copy-engine transfers over symmetric memory beside
 chunked cuBLAS GEMMs.  They exist only for coupled collectives: bulk slots have no fused op.
+
+`AsyncTPColumnParallelLinear` and `AsyncTPRowParallelLinear` are the library layers with these ops in place of
+ours, forward and backward, where torchtitan's async TP (inductor's micro-pipeline TP over symmetric memory)
+puts them: the column layer's all-gather + fprop GEMM and its dgrad GEMM + reduce-scatter, the row layer's
+fprop GEMM + reduce-scatter and its all-gather + dgrad GEMM; weight gradients read the gathered operand.
 """
 
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import torch
 
@@ -16,6 +22,7 @@ from overlap_runtime.group import RankContext
 from overlap_runtime.harness import device_of, make_operands, time_region
 from overlap_runtime.methods import serial
 from overlap_runtime.shape import Collective, ModelShape, Slot
+from overlap_runtime.tp_linear import ColumnParallelLinear, RowParallelLinear
 from overlap_runtime.uncertainty import spread
 
 
@@ -42,3 +49,63 @@ def fused_task(ctx: RankContext, shape: ModelShape, slot: Slot, *, repeats: int 
     rel_err = float((got - want).norm() / want.norm())
     samples = time_region(dev, ops, sets, fused, repeats=repeats, warmup=warmup)
     return {"ms": statistics.median(samples), "cv": spread(samples), "rel_err": rel_err}
+
+
+def _group_name(layer: Any) -> str:
+    """The layer's group, with symmetric memory enabled on it as torchtitan does (a no-op where PyTorch always
+    has it)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    name = layer.context.group.group_name
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:
+        enable(name)
+    return name
+
+
+class _FusedColumnFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any) -> torch.Tensor:
+        name = _group_name(layer)
+        gathered, (out,) = torch.ops.symm_mem.fused_all_gather_matmul(x.contiguous(), [weight.t()], 0, name,
+                                                                       return_A=True)  # fmt: skip
+        ctx.save_for_backward(gathered, weight)
+        ctx.name, ctx.has_bias = name, bias is not None
+        return out if bias is None else out + bias
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        gathered, weight = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = torch.ops.symm_mem.fused_matmul_reduce_scatter(dy, weight, "sum", 0, ctx.name)
+        return dx, dy.t() @ gathered, dy.sum(0) if ctx.has_bias else None, None
+
+
+class _FusedRowFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any) -> torch.Tensor:
+        name = _group_name(layer)
+        x = x.contiguous()
+        out = torch.ops.symm_mem.fused_matmul_reduce_scatter(x, weight.t(), "sum", 0, name)
+        ctx.save_for_backward(x, weight)
+        ctx.name, ctx.has_bias = name, bias is not None
+        return out if bias is None else out + bias
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        gathered, (dx,) = torch.ops.symm_mem.fused_all_gather_matmul(dy.contiguous(), [weight], 0, ctx.name,
+                                                                      return_A=True)  # fmt: skip
+        return dx, gathered.t() @ x, gathered.sum(0) if ctx.has_bias else None, None
+
+
+class AsyncTPColumnParallelLinear(ColumnParallelLinear):
+    """`ColumnParallelLinear` on PyTorch's fused ops (module docstring); CUDA only, its overlap configs unused."""
+
+    function = _FusedColumnFn
+
+
+class AsyncTPRowParallelLinear(RowParallelLinear):
+    """`RowParallelLinear` on PyTorch's fused ops (module docstring); CUDA only, its overlap configs unused."""
+
+    function = _FusedRowFn

@@ -24,6 +24,7 @@ from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.layers import COLUMN_LAYERS, DEFAULT_WAIT_TIMEOUT_S, NO_OVERLAP, ROW_LAYERS, LinearOverlap
 from overlap_runtime.methods import BULK_GATHERED, Operands, Plan, run
 from overlap_runtime.shape import Collective, Slot, SlotGemm
+from overlap_runtime.watchdog import Watchdog
 
 
 def _tp_group(process_group: Any, mesh_dim: int | str | None) -> Any:
@@ -55,8 +56,10 @@ class TPContext:
         rank, tp = dist.get_rank(group), dist.get_world_size(group)
         self.backend = "cuda" if device.type == "cuda" else "cpu"
         self.dev: Device
+        self.watchdog: Watchdog | None = None
         if self.backend == "cuda":
             self.dev = CudaDevice(rank=rank, tp=tp, device=device, group=group)
+            self.watchdog = Watchdog(wait_timeout_s)
         else:
             self.dev = HostDevice(rank=rank, tp=tp, device=device, group=group, wait_limit_s=wait_timeout_s)
         self._operands: dict[tuple[SlotGemm, torch.dtype], Operands] = {}
@@ -92,7 +95,10 @@ class TPContext:
         side.wait_stream(caller)
         with self.dev.on(side):
             run(self.dev, ops, plan)
+            done = self.dev.mark()
         caller.wait_stream(side)
+        assert self.watchdog is not None
+        self.watchdog.watch(done.query, f"{ops.gemm.slot.value} ({plan.method.value})")
 
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> None:
         """A plain all-gather (what RS-dgrad's weight gradient needs and no slot overlaps)."""
@@ -261,9 +267,9 @@ class _ColumnFn(torch.autograd.Function):
             ops = c.operands(dgrad.gemm, dy, weight, dx_full)
             ops.x = x
             if dgrad.plan.method == Method.BULK and dgrad.plan.use_ce:
-                ops.y = ops.peer_buffer(c.dev, BULK_GATHERED, (tokens, x.shape[1])).local
+                ops.y = ops.peer_buffer(c.dev, BULK_GATHERED, (tokens, x.shape[1]), x.dtype).local
             else:
-                ops.y = ops.buffer("x_gathered", (tokens, x.shape[1]))
+                ops.y = ops.buffer("x_gathered", (tokens, x.shape[1]), x.dtype)
             c.run(ops, dgrad.plan)
             dx = torch.empty(rows, x.shape[1], dtype=x.dtype, device=x.device)
             ops = c.operands(wgrad.gemm, dy.t(), ops.y, dw)

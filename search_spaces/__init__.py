@@ -8,7 +8,7 @@ from search_spaces.bridge import bridge_file_name, parse_bridge, read_bridge, wr
 from search_spaces.catalog import CATALOG, SlotInfo, off_switch, search_methods, slot_info, tunable_slots
 from search_spaces.defaults import as_runnable, te_default
 from search_spaces.export import SlotResult, preset_from_results
-from search_spaces.nemo_yaml import parse_file_name, parse_nemo, preset_file_name, read_nemo, write_nemo
+from search_spaces.nemo_yaml import parse_file_name, parse_nemo, preset_file_name, read_nemo, te_file_name, write_nemo
 from search_spaces.preset_files import parse_te_json, presets_in, read_preset
 from search_spaces.presets import Preset, PresetError, PresetWarning
 from search_spaces.registry import PresetRegistry, distance, nearest, nvidia_presets
@@ -50,6 +50,7 @@ __all__ = [
     "slot_space",
     "te_config",
     "te_default",
+    "te_file_name",
     "to_te_dict",
     "tunable_slots",
     "write_bridge",

@@ -8,7 +8,11 @@ unset (`check_config`).  `as_runnable` maps one to the other:
   cluster size 1 is "no clusters", the runtime's default.  ``aggregate`` goes too: our copy-engine
   all-gather pushes each shard straight to every peer, so TE's pairs of ring steps have no counterpart
   there and the nearest runnable config is that all-gather (also at tp=2, where TE runs one pair).
-- ``fp8_buf`` only picks the buffer dtype under FP8 quantization; the runtime runs bf16 GEMMs, so it goes.
+- ``fp8_buf`` stays where TE honours it, a pipeline of an fp8 shape; elsewhere it goes: TE's merge rule sets
+  it on every all-gather, whose FP8 data the runtime always moves at FP8, and a bf16 run ignores it as TE does.
+- ``atomic_gemm`` (FP8 only) has no runnable counterpart: TE's atomic GEMM needs cuBLAS >= 12.2 and < 13.0.
+  At FP8 the entry is scored as the same entry without it, its nearest runnable equivalent, and
+  `substitutions` says so; at bf16 TE refuses it, and so does the runtime.
 - TE always rotates chunk GEMMs over min(3, chunks) streams and runs cuBLAS: ``num_max_streams`` and
   ``gemm`` say so explicitly on cuda.
 - On te the entry is what runs, as TE's keys: a copy-engine ring's num_sm / cga_size go as above (they size
@@ -17,31 +21,52 @@ unset (`check_config`).  `as_runnable` maps one to the other:
   use_ce: TE's ring runs as gloo's send/recv ring there; the CPU's emulated copy engine is for tests of its
   protocol, which ask for it by name.
 
-What has no runtime equivalent (atomic_gemm, an SM-copy ring aggregated at tp=2, num_sm above the device's)
-raises the runtime's `ConfigError`.
+What has no runtime equivalent (an SM-copy ring aggregated at tp=2, num_sm above the device's) raises the
+runtime's `ConfigError`.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
+from overlap_runtime.config import (
+    ATOMIC_GEMM_RULE,
+    DeviceLimits,
+    Method,
+    OverlapConfig,
+    check_config,
+    problem,
+    splits_fit,
+)
 from overlap_runtime.knobs import CONFIG_KNOBS, TE, Fp8Use, Origin
-from overlap_runtime.shape import ModelShape, Slot
+from overlap_runtime.shape import ModelShape, Slot, SlotGemm
 from search_spaces.catalog import slot_info
 from search_spaces.space import sm_choices
 from search_spaces.te_dict import te_defaults, te_streams
 
 
-def _carried(backend: str) -> tuple[str, ...]:
-    """The TE knobs the runtime copies from an entry on ``backend``: those with a meaning there, but an FP8
-    buffer, which a bf16 run drops (TE ignores it there too), and use_ce on cpu (see the module docstring)."""
+def _carried(backend: str, gemm: SlotGemm, entry: OverlapConfig) -> tuple[str, ...]:
+    """The TE knobs the runtime copies from ``entry`` on ``backend``: those with a meaning there, but an FP8
+    buffer outside an fp8 pipeline, an atomic GEMM at FP8 (`substitutions`), and use_ce on cpu (see the module
+    docstring)."""
     dropped = {"method"} | ({"use_ce"} if backend == "cpu" else set())
+    if not (gemm.dtype == "fp8" and entry.method == Method.PIPELINE):
+        dropped |= {k.name for k in CONFIG_KNOBS if k.fp8 == Fp8Use.BUFFER}
+    if gemm.dtype == "fp8":
+        dropped |= {k.name for k in CONFIG_KNOBS if k.fp8 == Fp8Use.GEMM}
     return tuple(
-        k.name
-        for k in CONFIG_KNOBS
-        if k.origin == Origin.TE and k.name not in dropped and backend in k.backends and k.fp8 != Fp8Use.BUFFER
+        k.name for k in CONFIG_KNOBS if k.origin == Origin.TE and k.name not in dropped and backend in k.backends
     )
+
+
+def substitutions(shape: ModelShape, entry: OverlapConfig) -> tuple[str, ...]:
+    """What `as_runnable` scores differently from TE's ``entry`` for ``shape``, one line each (a baseline's
+    caveat): TE's atomic GEMM at FP8, scored as the same entry without it."""
+    if shape.dtype == "fp8" and entry.atomic_gemm:
+        return (
+            f"atomic_gemm scored as the same entry without it, its nearest runnable equivalent: {ATOMIC_GEMM_RULE}",
+        )
+    return ()
 
 
 def te_default(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLimits | None = None) -> OverlapConfig:
@@ -50,14 +75,15 @@ def te_default(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLim
 
     Two adjustments keep it runnable on any shape and device: TE splits the pipeline GEMM into 4 chunks by
     integer division, the runtime needs equal chunks, so num_splits is the largest divisor of the output
-    width up to 4; TE's 16 comm SMs become the largest num_sm grid value up to 16 that the device allows.
+    width up to 4 (at FP8 one whose chunks are 16 wide or a multiple); TE's 16 comm SMs become the largest
+    num_sm grid value up to 16 that the device allows.
     """
     slot = Slot(slot)
     method = slot_info(slot).default_method
     entry = te_defaults(slot, method)
     if "num_splits" in entry:
-        width = problem(shape, slot, method).n
-        entry["num_splits"] = max(n for n in range(1, entry["num_splits"] + 1) if width % n == 0)
+        gemm = problem(shape, slot, method)
+        entry["num_splits"] = max((n for n in range(1, entry["num_splits"] + 1) if splits_fit(gemm, n)), default=1)
     if method != Method.RING_EXCHANGE:
         entry["num_sm"] = max(n for n in sm_choices(limits) if n <= entry["num_sm"])
         entry["cga_size"] = min(entry["cga_size"], entry["num_sm"])
@@ -72,10 +98,11 @@ def as_runnable(
     backend: str,
     limits: DeviceLimits | None = None,
 ) -> OverlapConfig:
-    """The runtime config that runs TE's effective ``entry`` (a preset's slot); ConfigError if none does."""
+    """The runtime config that runs TE's effective ``entry`` (a preset's slot), or its nearest runnable
+    equivalent (`substitutions`); ConfigError if none runs."""
     slot = Slot(slot)
     gemm = problem(shape, slot, entry.method)
-    config = OverlapConfig(method=entry.method, **{k: getattr(entry, k) for k in _carried(backend)})
+    config = OverlapConfig(method=entry.method, **{k: getattr(entry, k) for k in _carried(backend, gemm, entry)})
     if backend == TE:
         # TE runs the entry itself: only what our config cannot say unset (a CE ring's unused num_sm) goes.
         if entry.method == Method.RING_EXCHANGE:

@@ -4,7 +4,8 @@ Megatron passes ``yaml.safe_load`` of this file straight to TE's ``initialize_ub
 silently ignores a slot name it does not know, so reading is strict: unknown slots (with the close name
 suggested), unknown keys, wrong types, methods a slot cannot run, YAML tags, duplicate keys and files over
 1 MiB are errors.  The shape, GPU and dtype come from the file name (NVIDIA's header comments are not
-reliable: docs/te_rules.md, NVIDIA's preset files).
+reliable: docs/te_rules.md, NVIDIA's preset files), the dtype from the header's last field (``.../FP8``)
+where the name gives none: most of NVIDIA's H100 files name no dtype and say FP8 there.
 Writing follows NVIDIA's files: a header comment, slots grouped and ordered
 as NVIDIA orders them, NVIDIA's keys per method plus any key that differs from TE's default, flags as 0/1.
 Notes become comments; they are not read back.
@@ -12,10 +13,12 @@ Notes become comments; they are not read back.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Hashable
-from pathlib import Path
+from dataclasses import replace
+from pathlib import Path, PurePath
 
 import yaml
 
@@ -31,6 +34,8 @@ FILE_NAME = re.compile(
     r"h(?P<hidden>\d+)_tp(?P<tp>\d+)(?:_cp(?P<cp>\d+))?_mbs(?P<mbs>\d+)_seqlen(?P<seq>\d+)\.ya?ml"
 )
 """NVIDIA's names: ``ub_cfg_h100_bf16_h16384_tp8_cp2_mbs1_seqlen8192.yaml`` (gpu, dtype and cp optional)."""
+HEADER_DTYPE = re.compile(r"#\s*Model configs:.*/(?P<dtype>BF16|FP8)\s*$", re.IGNORECASE | re.MULTILINE)
+"""The precision at the end of NVIDIA's header line ``# Model configs: H100/70B/TP8/MBS1/SeqLen8K/FP8``."""
 
 _SECTIONS = (
     ("# Bulk overlap with AllGather / ReduceScatter", (Slot.QKV_DGRAD, Slot.QKV_WGRAD, Slot.FC1_DGRAD, Slot.FC1_WGRAD)),
@@ -71,6 +76,7 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
             ) from None
         raise PresetError("file", f"is not valid YAML: {e}") from None
     shape, gpu, dtype = parse_file_name(name)
+    shape, dtype = _with_header_dtype(text, shape, dtype, name)
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise PresetError("file", "must be a mapping of TE slot names to ub_cfgs entries", type(data).__name__)
@@ -82,6 +88,24 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
         )
     configs = parse_ub_cfgs(data)
     return Preset(configs=configs, shape=shape, gpu=gpu, dtype=dtype, source=name)
+
+
+def _with_header_dtype(
+    text: str, shape: ModelShape | None, dtype: str | None, name: str | None
+) -> tuple[ModelShape | None, str | None]:
+    """The name's dtype, else the header's for the shape; a warning where the two disagree."""
+    match = HEADER_DTYPE.search(text)
+    said = match["dtype"].lower() if match else None
+    if said is None or said == dtype:
+        return shape, dtype
+    if dtype is not None:
+        warnings.warn(
+            f"{name}: the header says {said.upper()} but the file name says {dtype}; the file name is used",
+            PresetWarning,
+            stacklevel=3,
+        )
+        return shape, dtype
+    return (None if shape is None else replace(shape, dtype=said)), said
 
 
 def parse_file_name(name: str | None) -> tuple[ModelShape | None, str | None, str | None]:
@@ -113,6 +137,14 @@ def preset_file_name(preset: Preset) -> str:
         raise PresetError("shape", "is needed to name a preset file")
     parts = ["ub_cfg", *(p for p in (preset.gpu, preset.dtype) if p), preset.shape.label()]
     return "_".join(parts) + ".yaml"
+
+
+def te_file_name(preset: Preset) -> str:
+    """The TE dict's (JSON's) file name: NVIDIA's, ending in .json, and naming the dtype even where the preset's
+    own name did not (its header said it, `_with_header_dtype`): a TE dict has no header to carry it."""
+    if preset.dtype is None and preset.shape is not None:
+        preset = dataclasses.replace(preset, dtype=preset.shape.dtype)
+    return PurePath(preset_file_name(preset)).with_suffix(".json").name
 
 
 def write_nemo(preset: Preset) -> str:
@@ -151,7 +183,7 @@ def _model_line(preset: Preset) -> str:
         f"CP{s.cp}" if s.cp > 1 else "",
         f"MBS{s.mbs}",
         f"SeqLen{seq}",
-        (preset.dtype or "").upper(),
+        (preset.dtype or "").upper(),  # only a known one: the header is read back (`_with_header_dtype`)
     ]
     return "/".join(p for p in parts if p)
 

@@ -17,7 +17,15 @@ from overlap_runtime.config import DEFAULTS, Method, OverlapConfig, uses_rs_dgra
 from overlap_runtime.errors import InputError
 from overlap_runtime.knobs import RUNTIME_ONLY_KNOBS
 from overlap_runtime.shape import DTYPES, ModelShape, Slot
-from search_spaces.catalog import ATOMIC_PAIRS, EXTERNAL_PARTNER, RS_DGRAD_WGRAD, SLOT_ORDER, slot_info, suggest
+from search_spaces.catalog import (
+    ATOMIC_PAIRS,
+    CATALOG,
+    EXTERNAL_PARTNER,
+    RS_DGRAD_WGRAD,
+    SLOT_ORDER,
+    slot_info,
+    suggest,
+)
 
 
 class PresetError(InputError):
@@ -68,6 +76,12 @@ class Preset:
     @property
     def empty(self) -> bool:
         return not self.configs
+
+    @property
+    def missing(self) -> tuple[Slot, ...]:
+        """The slots a tuning job tunes (TE's ten, not the external wgrad ones) that the preset leaves out:
+        TE runs its defaults there, which a truncated file does by accident."""
+        return tuple(info.slot for info in CATALOG if info.tuned and info.slot not in self.configs)
 
 
 def to_slot(name: object) -> Slot:

@@ -18,8 +18,10 @@ Ranges start from NVIDIA's presets (docs/te_rules.md, NVIDIA's preset files) and
 where crossing every knob with
 every other would only multiply near-duplicates, a knob is implied instead of asked (each tree says
 which and why).  Stream priorities (``comm_priority`` / ``gemm_priority``) are left out: no NVIDIA preset
-sets them and TE's defaults (comm highest, GEMM lowest) are what overlap wants.  ``atomic_gemm`` and
-``fp8_buf`` are left out because the runtime runs bf16 GEMMs only.
+sets them and TE's defaults (comm highest, GEMM lowest) are what overlap wants.  ``atomic_gemm`` is left
+out: TE's atomic GEMM needs a cuBLAS older than CUDA 13's (`overlap_runtime.config.ATOMIC_GEMM_RULE`), and the
+fused ring is its analogue here.  ``fp8_buf`` is asked where TE honours it, a pipeline of an fp8 shape: every
+other FP8 slot's buffer is fixed (all-gathers move FP8 data, the other reduce-scatters bf16 partials).
 
 Grid sizes on an H100/H200 (64-SM cap), hidden 8192, tp 8: an all-gather slot 384 configs, a bulk wgrad
 slot 127, proj_fprop 478, qkv_dgrad 604 (bulk, ring_exchange and pipeline).  The pipeline grid grows with
@@ -34,7 +36,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from overlap_runtime.config import DEFAULTS, DeviceLimits, Method, OverlapConfig, check_config, problem
+from overlap_runtime.config import DEFAULTS, DeviceLimits, Method, OverlapConfig, check_config, problem, splits_fit
 from overlap_runtime.errors import ConfigError, InputError
 from overlap_runtime.knobs import BACKENDS, GEMM_KINDS, MAX_NUM_SM, MAX_NUM_SPLITS, TE
 from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
@@ -190,8 +192,9 @@ def sm_choices(limits: DeviceLimits | None) -> tuple[int, ...]:
 
 
 def pipeline_splits(gemm: SlotGemm) -> tuple[int, ...]:
-    """num_splits values for pipeline: 2..16 dividing the output width (the runtime needs equal chunks)."""
-    return tuple(n for n in range(PIPELINE_MIN_SPLITS, MAX_NUM_SPLITS + 1) if gemm.n % n == 0)
+    """num_splits values for pipeline: 2..16 dividing the output width into equal chunks the GEMM's dtype can run
+    (`overlap_runtime.config.splits_fit`)."""
+    return tuple(n for n in range(PIPELINE_MIN_SPLITS, MAX_NUM_SPLITS + 1) if splits_fit(gemm, n))
 
 
 def can_aggregate(gemm: SlotGemm) -> bool:
@@ -221,6 +224,7 @@ def slot_space(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLim
         "num_max_streams": STREAMS,
         "gemm": GEMM_KINDS,
         "fused": (False, True),
+        "fp8_buf": (False, True),
     }
     if backend == TE:
         # Imported here: TE's trees are built from this module's pieces.
@@ -286,7 +290,7 @@ def _fused_ring(space: SlotSpace) -> Tree:
 def _pipeline(space: SlotSpace, gemm: SlotGemm) -> Tree:
     """num_splits output chunks; the reduce-scatter of chunk i runs while chunk i+1 computes.
 
-    The SM margin is implied: without it the next GEMM chunk holds every SM and the chunk's
+    At FP8 the partials may travel through an FP8 buffer (``fp8_buf``, half the bytes).  The SM margin is implied: without it the next GEMM chunk holds every SM and the chunk's
     reduce-scatter waits for it, which serializes the pipeline (TE's default and every Hopper preset set
     it).  cga_size stays at TE's 2 (every NVIDIA pipeline preset; the guide recommends <= 2): crossing it
     too would triple the largest grid of the catalog.
@@ -294,6 +298,8 @@ def _pipeline(space: SlotSpace, gemm: SlotGemm) -> Tree:
     knobs: dict[str, Any] = {}
     knobs["num_splits"] = yield space.params["num_splits"]
     knobs["pipeline_rs_overlap_first_gemm"] = yield space.params["pipeline_rs_overlap_first_gemm"]
+    if gemm.dtype == "fp8":  # NVIDIA's FP8 presets set it on every pipeline slot; its bf16 ones never
+        knobs["fp8_buf"] = yield space.params["fp8_buf"]
     if space.cpu:
         return knobs
     knobs["num_sm"] = yield space.params["num_sm"]

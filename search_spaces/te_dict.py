@@ -134,6 +134,9 @@ def _value(field: str, key: str, value: object) -> bool | int:
         raise PresetError(field, "must be an integer", value)
     if key in _COUNT_KEYS and value < 1:
         raise PresetError(field, "must be a positive integer", value)
+    low, high = BY_NAME[key].bounds or (value, value)
+    if not low <= value <= high:  # the knob table's range: 10**23 SMs is a typo, not a config to warn about
+        raise PresetError(field, f"must be between {low} and {high}", value)
     return value
 
 

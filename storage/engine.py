@@ -17,11 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
+
+from overlap_runtime.errors import InputError
+from storage.errors import StorageError
 
 APP_DIR_NAME = "overlap-autotune"
 SQLITE_FILE_NAME = "autotune.db"
+URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """Long enough for a writer to outwait a burst of claims from many local workers."""
 SQLITE_JOURNAL_SIZE_LIMIT = 4 << 20
@@ -43,16 +48,32 @@ def create_engine_for(*, url: str | None = None) -> Engine:
 
     The SQLite file's folder is created if missing (default path or not), so a first run just works.
     """
-    parsed = make_url(url or f"sqlite:///{default_sqlite_path()}")
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
+    parsed = _parse_url(url or f"sqlite:///{default_sqlite_path()}")
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
-            _create_private(Path(parsed.database))
+            try:
+                _create_private(Path(parsed.database))
+            except OSError as e:  # a read-only file system, a folder we may not write: say it is the database
+                raise StorageError(f"cannot create the SQLite file {parsed.database}: {e.strerror or e}") from e
         engine = create_engine(parsed)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(parsed, pool_pre_ping=True)
+
+
+def _parse_url(url: str) -> URL:
+    """``url`` parsed, bare ``postgresql://`` pointed at psycopg; `InputError` naming db_url for a URL that is
+    not one or names a database SQLAlchemy has no dialect for (``notadb://``): bad input, not a broken database."""
+    try:
+        parsed = make_url(url)
+        if parsed.drivername in ("postgresql", "postgres"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        parsed.get_dialect().import_dbapi()  # an unknown scheme or a missing driver fails here, not on first use
+    except ArgumentError:  # NoSuchModuleError (no such dialect) is one
+        raise InputError("db_url", f"must be {URL_FORMS}", url) from None
+    except ImportError as e:  # a dialect whose driver is not installed (postgresql+psycopg2)
+        raise InputError("db_url", f"needs the driver {e.name}, which is not installed; use {URL_FORMS}", url) from None
+    return parsed
 
 
 def _create_private(path: Path) -> None:

@@ -2,8 +2,8 @@
 nn.Linear with the same full weights, trained side by side for a few steps with SGD and momentum.
 
 Used inside our own `TPGroup` (tasks take the `RankContext`) and under torchrun (``python -m torch.distributed.run
---nproc-per-node N tests/layer_cases.py``), where it runs on a DP x TP DeviceMesh when the world holds more than
-one TP group.
+--nproc-per-node N tests/layer_cases.py [TP]``), where it runs on a DP x TP DeviceMesh when the world holds more
+than one TP group; with ``LAYER_CASES_BACKEND=cuda`` it runs there on one GPU per rank (NCCL, fp32).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ H, F = 16, 32
 ROWS = 8
 """Tokens per rank (the sequence shard) of each of the 2 sequences of a micro-batch."""
 MBS = 2
+GPU_TOLERANCE = 5e-3
+"""Our Triton GEMM (the fused rings) multiplies fp32 in TF32 on the GPU, as tl.dot does by default."""
 
 
 def ring(**knobs: Any) -> OverlapConfig:
@@ -75,18 +77,19 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def compare(group: Any, fc1_cfg: LinearOverlap, fc2_cfg: LinearOverlap, *, steps: int, seed: int,
-            epoch_limit: int | None = None, mesh_dim: str | None = None) -> dict[str, float]:  # fmt: skip
+            epoch_limit: int | None = None, mesh_dim: str | None = None,
+            device: Any = "cpu") -> dict[str, float]:  # fmt: skip
     """Train the TP MLP on ``group`` (a group or a DeviceMesh) and its reference side by side; the worst relative
     error of each compared quantity over all steps, and the most flag epochs any peer buffer reached."""
     tp_group = group.get_group(mesh_dim) if mesh_dim else group
     tp, r = dist.get_world_size(tp_group), dist.get_rank(tp_group)
     hidden, ffn, tokens = H * tp, F * tp, ROWS * tp
     gen = torch.Generator().manual_seed(seed)  # the same on every rank of the TP group
-    ref1, ref2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+    ref1, ref2 = nn.Linear(hidden, ffn, device=device), nn.Linear(ffn, hidden, device=device)
     with torch.no_grad():
         for p in (*ref1.parameters(), *ref2.parameters()):
-            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-    kw = {"process_group": group, "mesh_dim": mesh_dim}
+            p.copy_(torch.randn(p.shape, generator=gen).to(device) / math.sqrt(p.shape[-1]))
+    kw = {"process_group": group, "mesh_dim": mesh_dim, "device": device}
     fc1 = ColumnParallelLinear(hidden, ffn, overlap=fc1_cfg, layer="fc1", tokens=tokens * MBS, **kw)
     fc2 = RowParallelLinear(ffn, hidden, overlap=fc2_cfg, layer="fc2", tokens=tokens * MBS, **kw)
     if epoch_limit is not None:
@@ -106,8 +109,8 @@ def compare(group: Any, fc1_cfg: LinearOverlap, fc2_cfg: LinearOverlap, *, steps
 
     rows = slice(r * ROWS, (r + 1) * ROWS)
     for _ in range(steps):
-        x = torch.randn(tokens, MBS, hidden, generator=gen)  # [s, b, h], sequence split over the group
-        target = torch.randn(tokens, MBS, hidden, generator=gen)
+        x = torch.randn(tokens, MBS, hidden, generator=gen).to(device)  # [s, b, h], sequence split over the group
+        target = torch.randn(tokens, MBS, hidden, generator=gen).to(device)
         x_ref = x.clone().requires_grad_()
         y_ref = ref2(torch.nn.functional.gelu(ref1(x_ref)))
         (y_ref * target).sum().backward()
@@ -148,19 +151,25 @@ def main() -> None:
     """Under torchrun: ``tp`` from argv (default: the world), a DP x TP mesh when the world is larger; the last
     argument ``die`` makes the last rank exit after the first step and the others report how their next call
     ended."""
-    dist.init_process_group("gloo")
+    cuda = os.environ.get("LAYER_CASES_BACKEND") == "cuda"
+    device: Any = "cpu"
+    if cuda:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # the reference in full fp32 too
+    dist.init_process_group("nccl" if cuda else "gloo")
     world = dist.get_world_size()
     tp = int(sys.argv[1]) if len(sys.argv) > 1 else world
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh("cuda" if cuda else "cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
     if sys.argv[-1] == "die":
         _die(mesh)
         return
     dp = mesh.get_local_rank("dp")
     for i, (name, (fc1, fc2)) in enumerate(variants(tp).items()):
-        worst = compare(mesh, fc1, fc2, steps=3, seed=100 * dp + i, mesh_dim="tp")
-        bad = {k: v for k, v in worst.items() if k != "max_epoch" and not v < 1e-4}
+        worst = compare(mesh, fc1, fc2, steps=3, seed=100 * dp + i, mesh_dim="tp", device=device)
+        bad = {k: v for k, v in worst.items() if k != "max_epoch" and not v < (GPU_TOLERANCE if cuda else 1e-4)}
         _say(f"rank {dist.get_rank()} dp {dp} {name}: {'FAIL ' + str(bad) if bad else 'ok'}")
     dist.destroy_process_group()
 

@@ -107,7 +107,7 @@ def test_reads_need_no_token(anonymous: httpx.Client) -> None:
         ({"shape": SHAPE, "layers": ["qkv_fprp"]}, "layers", "did you mean qkv_fprop?"),
         ({"shape": SHAPE, "n_trial": 5}, "n_trial", "Extra inputs are not permitted"),
         ({"shape": SHAPE, "n_trials": "5"}, "n_trials", "valid integer"),
-        ({"shape": SHAPE, "backend": "tpu"}, "backend", "'cpu' or 'cuda'"),
+        ({"shape": SHAPE, "backend": "tpu"}, "backend", "'cpu', 'cuda' or 'te'"),
         ({"shape": SHAPE, "gpu": "bad\u0000name"}, "gpu", "match pattern"),
     ],
 )
@@ -164,7 +164,7 @@ def test_a_config_to_measure_first_that_the_search_space_lacks_is_taken_as_given
             {"proj_fprop": [{**PIPELINE_FIRST, "atomic_gemm": True}]},
             "cuda",
             "measure_first.proj_fprop.0.atomic_gemm",
-            "needs FP8 GEMMs, which this runtime does not run yet",
+            "needs FP8 GEMMs (a shape with dtype fp8, not bf16)",
         ),
         (
             {"proj_fprop": [{**PIPELINE_FIRST, "cga_size": 16}]},

@@ -309,6 +309,34 @@ class RingExchangeOverlapCfg(TPOverlapCfg):
             parse_bridge(old + BRIDGE_STYLE)
 
 
+def test_bridges_own_layout_is_read_class_definitions_and_all() -> None:
+    """Bridge's comm_overlap.py itself: the classes defined in it, a try-import, an unrelated dataclass with
+    non-literal defaults and methods, then several presets."""
+    unrelated = """
+try:
+    import transformer_engine  # noqa: F401
+    HAVE_TE = True
+except ImportError:
+    HAVE_TE = False
+
+
+@dataclass(kw_only=True)
+class CommOverlapConfig:
+    tp_comm_overlap: bool
+    tp_comm_overlap_cfg: Optional[TransformerLayerTPOverlapCfg] = None
+
+    def setup(self):
+        return asdict(self.tp_comm_overlap_cfg)
+"""
+    presets = BRIDGE_STYLE.split("\n", 4)[4]  # without its import
+    text = STAND_INS + unrelated + presets + presets.replace("seqlen4096_lora =", "seqlen8192 =")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PresetWarning)
+        preset = parse_bridge(text, name="userbuffers_fp8_h100_h8192_tp2_mbs1_seqlen8192", source="comm_overlap.py")
+    assert preset.source == "comm_overlap.py:userbuffers_fp8_h100_h8192_tp2_mbs1_seqlen8192"
+    assert preset.configs[Slot.PROJ_FPROP].num_sm == 32 and Slot.QKV_WGRAD not in preset.configs
+
+
 def test_a_module_of_several_presets_needs_a_name() -> None:
     two = BRIDGE_STYLE + BRIDGE_STYLE.replace("seqlen4096_lora =", "seqlen8192 =")
     with warnings.catch_warnings():

@@ -55,6 +55,15 @@ def test_measure_takes_a_whole_config_as_json_as_best_prints_it() -> None:
     assert record["config"] == config
 
 
+def test_measure_runs_an_fp8_pipeline_through_its_fp8_buffer() -> None:
+    done = run(*BASE, "--layer", "proj_fprop", "--method", "pipeline", "--num-splits", "2", "--fp8-buf", "--dtype",
+               "fp8", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["valid"] is True and record["shape"]["dtype"] == "fp8"
+    assert record["config"] == {"method": "pipeline", "num_splits": 2, "fp8_buf": True}
+
+
 def test_measure_takes_a_gated_context_parallel_shape() -> None:
     done = run(*BASE, "--layer", "fc1_fprop", "--method", "ring_exchange", "--gated", "--cp", "2", "--json")
     assert done.returncode == 0, done.stderr

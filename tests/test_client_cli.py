@@ -7,6 +7,8 @@ are real processes.  Exit codes follow the CLI's manners: 0 success, 1 failure, 
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from typer.testing import CliRunner
 
+from api.schemas import BestLayer
 from autotune import NoTunedPreset, load_ub_cfgs
 from autotune.cli.app import app
+from autotune.cli.client import SLOWER_NOTE, _slower_than_serial
 from overlap_runtime.shape import ModelShape
 from search_spaces import parse_bridge, parse_nemo, to_te_dict
 
@@ -153,3 +157,130 @@ def test_an_unreachable_controller_exits_1() -> None:
     result = CliRunner().invoke(app, ["status", "x", "--controller", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot reach http://127.0.0.1:9" in result.stderr
+
+
+UNMEASURED = ["--hidden", "8192", "--tp", "8", "--seq", "2048", "--mbs", "4"]
+"""A shape nothing was tuned for: export writes the nearest NVIDIA preset, without any trial run."""
+
+
+@pytest.mark.parametrize("out", ["presets/", "presets"])
+def test_export_into_a_folder_that_does_not_exist_creates_it(cpu_service: Service, tmp_path: Path, out: str) -> None:
+    folder = tmp_path / "presets"
+    exported = run(cpu_service, "export", *UNMEASURED, "--out", f"{tmp_path}/{out}")
+    assert exported.exit_code == 0, exported.output
+    path = Path(exported.stdout.strip())
+    assert folder.is_dir() and path.parent == folder
+    assert path.name.startswith("ub_cfg_") and path.suffix == ".yaml"
+    assert parse_nemo(path.read_text(), name=path.name).configs
+
+
+def test_export_te_into_a_folder_writes_nvidia_file_name_as_json(cpu_service: Service, tmp_path: Path) -> None:
+    nemo = Path(run(cpu_service, "export", *UNMEASURED, "--out", str(tmp_path)).stdout.strip())
+    te = run(cpu_service, "export", *UNMEASURED, "--format", "te", "--out", str(tmp_path))
+    assert te.exit_code == 0, te.output
+    path = Path(te.stdout.strip())
+    preset = parse_nemo(nemo.read_text(), name=nemo.name)
+    assert preset.shape is not None and path.parent == nemo.parent
+    # NVIDIA's name, the dtype always named (a TE dict has no header to say it)
+    assert path.name == f"ub_cfg_{preset.gpu}_{preset.shape.dtype}_{preset.shape.label()}.json"
+    assert json.loads(path.read_text())["ub_cfgs"]
+
+
+@pytest.mark.parametrize(
+    ("out", "rule"),
+    [
+        ("/nonexistent/dir/x.yaml", "error: out: must be in an existing folder, but /nonexistent/dir does not exist"),
+        ("/nonexistent/dir/", "error: out: must be in an existing folder, but /nonexistent does not exist"),
+        ("/proc/version", "error: out: cannot be written: "),
+    ],
+)
+def test_export_to_a_path_that_cannot_be_written_exits_2_naming_out(cpu_service: Service, out: str, rule: str) -> None:
+    exported = run(cpu_service, "export", *UNMEASURED, "--out", out)
+    assert exported.exit_code == 2, exported.output
+    assert rule in exported.stderr and "Traceback" not in exported.output
+
+
+def test_status_into_a_pipe_prints_a_waiting_job_at_once(cpu_service: Service) -> None:
+    """A cuda job with only a CPU worker waits: `status` (following, stderr a pipe) says so in its first line
+    at once instead of staying silent until the job ends."""
+    with cpu_service.client() as client:
+        job_id = client.submit(shape=ModelShape(hidden=64, tp=2, seq=32), backend="cuda").id
+        env = {**os.environ, "AUTOTUNE_CONTROLLER": cpu_service.url, "AUTOTUNE_TOKEN": cpu_service.token}
+        follow = subprocess.Popen([AUTOTUNE, "status", job_id], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            ready, _, _ = select.select([follow.stderr], [], [], 60)  # an interpreter start, then one request
+            assert ready, "status printed nothing within 60 s"
+            assert follow.stderr is not None
+            first, second = follow.stderr.readline().decode(), follow.stderr.readline().decode()
+        finally:
+            follow.terminate()
+            follow.wait(30)
+            client.cancel(job_id)
+    assert first.startswith(f"job {job_id[:8]}: 0/") and "queued" in first
+    assert second.startswith(f"job {job_id[:8]} waits: no registered worker can run it: it needs a cuda worker")
+
+
+def test_submit_warns_at_once_when_no_registered_worker_can_run_the_job(cpu_service: Service) -> None:
+    """No --backend: the controller's default, cuda, which the one CPU worker cannot run."""
+    submitted = run(cpu_service, "submit", *SHAPE_ARGS)
+    assert submitted.exit_code == 0, submitted.output
+    job_id = submitted.stdout.strip()
+    with cpu_service.client() as client:
+        client.cancel(job_id)
+    assert submitted.stderr.startswith(f"warning: job {job_id} waits: no registered worker can run it: it needs ")
+    assert "registered: w0 (cpu)" in submitted.stderr
+
+
+def test_status_of_a_waiting_job_says_why(cpu_service: Service) -> None:
+    with cpu_service.client() as client:
+        job_id = client.submit(shape=ModelShape(hidden=64, tp=2, seq=32), backend="cuda").id
+        shown = run(cpu_service, "status", job_id, "--no-follow")
+        client.cancel(job_id)
+    assert shown.exit_code == 0, shown.output
+    assert "waiting: no registered worker can run it: it needs a cuda worker with at least 2 GPUs" in shown.stdout
+
+
+@pytest.mark.slow
+def test_submit_follow_into_a_pipe_prints_progress_lines_and_whole_tables(cpu_service: Service) -> None:
+    args = ["submit", *SHAPE_ARGS, "--seq", "48", "--layers", "qkv_fprop", "--trials", "3", "--backend", "cpu"]
+    followed = run(cpu_service, *args, "--follow")
+    assert followed.exit_code == 0, followed.output
+    job_id = followed.stdout.splitlines()[0]
+    lines = [line for line in followed.stderr.splitlines() if line.startswith(f"job {job_id[:8]}: ")]
+    assert (lines and lines[-1].endswith("trials, running (100%)")) or "succeeded" in lines[-1], followed.stderr
+    (row,) = [line for line in followed.stdout.splitlines() if "qkv_fprop" in line]
+    assert "final" in row and len(row) > 80  # the whole row on one line: not wrapped at 80 columns
+
+
+@pytest.mark.slow
+def test_best_on_the_cpu_backend_hides_the_share_hidden_and_explains_slow_winners(
+    cpu_service: Service, finished_job: str
+) -> None:
+    answer = json.loads(run(cpu_service, "best", *SHAPE_ARGS, "--json").stdout)
+    shown = run(cpu_service, "best", *SHAPE_ARGS)
+    assert shown.exit_code == 0, shown.output
+    assert "note: measured on the CPU backend" in shown.stderr and "not shown (n/a)" in shown.stderr
+    (layer,) = answer["results"][0]["layers"]
+    (row,) = [line for line in shown.stdout.splitlines() if layer["slot"] in line]
+    assert "n/a" in row and "%" not in row
+    m = layer["measurement"]
+    slower = m["overlap_ms"] > m["serial_ms"] and layer["config"]["method"] != "none"
+    assert ("slower than serial in its own trial" in row) == slower, (m, row)
+
+
+def test_a_winner_slower_than_its_serial_time_gets_the_note_unless_it_is_none() -> None:
+    """The note's rule on the API's own model of a stored winner (the CLI test above sees whichever case the
+    CPU backend measured)."""
+
+    def layer(method: str, overlap_ms: float) -> BestLayer:
+        return BestLayer.model_validate(
+            {
+                "slot": "qkv_fprop",
+                "config": {"method": method},
+                "measurement": {"overlap_ms": overlap_ms, "serial_ms": 1.0},
+            }
+        )
+
+    assert _slower_than_serial(layer("ring_exchange", 1.2)) == SLOWER_NOTE
+    assert _slower_than_serial(layer("ring_exchange", 0.8)) is None
+    assert _slower_than_serial(layer("none", 1.2)) is None

@@ -47,7 +47,7 @@ new MutationObserver(() => {
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
-        pytest.fail("needs Debian's chromium: apt-get install -y chromium (.ci/run installs it)")
+        pytest.fail("needs Debian's chromium: apt-get install -y chromium (`make test` installs it)")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         yield browser

@@ -16,6 +16,7 @@ import pytest
 from api.events import StreamsFull
 from autotune.cli.app import exit_code
 from autotune.client import ApiError, RequestRejected
+from autotune.load import NoTunedPreset
 from overlap_runtime.errors import AutotuneError, ConfigError, InputError, LeaseLost, ShapeError, TrialFailure
 from overlap_runtime.host_kernels import StreamError
 from overlap_runtime.shape import ModelShape
@@ -37,6 +38,7 @@ SAMPLES: list[AutotuneError] = [
     ShapeError("seq", "must be positive", 0),
     ConfigError("num_sm", "must be at most 32", 33),
     PresetError("qkv_fprop.method", "must be ring_exchange", "bulk"),
+    NoTunedPreset("shape", "no tuned preset in presets/ matches", "hidden=64 tp=2 seq=32"),
     TrialFailure("hung: no answer within 180 s"),
     StreamError("flag word 3 stayed at 1 < 2 for 30 s"),
     LeaseLost("worker 'w' does not hold trial 3: it is complete"),
@@ -89,6 +91,7 @@ def test_every_exception_survives_pickling_with_its_fields(error: AutotuneError)
     ("error", "code"),
     [
         (PresetError("file", "is not valid YAML"), 2),
+        (NoTunedPreset("shape", "no tuned preset matches"), 2),
         (ShapeError("hidden", "must be divisible by tp=2", 63), 2),
         (RequestRejected(401, ITEMS), 2),
         (ApiError(404, ITEMS), 1),

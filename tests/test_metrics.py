@@ -76,12 +76,14 @@ def test_metrics_count_the_requests_trials_jobs_and_workers_of_a_finished_job(ma
         assert httpx.get(f"{service.url}/v1/jobs/{job['id']}").status_code == 200
     assert httpx.get(f"{service.url}/v1/jobs/{UNKNOWN_JOB}").status_code == 404
     assert httpx.get(f"{service.url}/no/such/path").status_code == 404
+    assert httpx.get(f"{service.url}/static/dashboard.js").status_code == 200
     after = scrape(service.url)
 
     route = "/v1/jobs/{job_id}"
     assert requests_of(after, route, 200) - requests_of(before, route, 200) == 5
     assert requests_of(after, route, 404) - requests_of(before, route, 404) == 1
     assert requests_of(after, "unmatched", 404) - requests_of(before, "unmatched", 404) == 1
+    assert requests_of(after, "/static/{path}", 200) - requests_of(before, "/static/{path}", 200) == 1
     timed = value(after, "autotune_http_request_duration_seconds_count", method="GET", route=route, status="200")
     assert timed == requests_of(after, route, 200)
     # The first scrape was counted (by the time the second one answered) under its own route.
@@ -118,7 +120,8 @@ def test_metrics_show_trials_queued_and_leased(make_service, sqlite_url: str) ->
         assert value(scrape(service.url), "autotune_jobs", status="running") == 1
 
         worker = http.post("/v1/workers", json={"name": "w", "host": "h", "backend": "cpu"}).json()
-        assert http.post(f"/v1/workers/{worker['id']}/claim").status_code == 200
+        as_worker = {"Authorization": f"Bearer {worker['secret']}"}
+        assert http.post(f"/v1/workers/{worker['id']}/claim", headers=as_worker).status_code == 200
         samples = scrape(service.url)
         assert value(samples, "autotune_trials", state="running") == 1
         assert value(samples, "autotune_workers", status="busy") == value(samples, "autotune_workers_alive") == 1

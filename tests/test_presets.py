@@ -107,7 +107,7 @@ def test_written_yaml_has_the_structure_of_nvidia_files(path: Path) -> None:
 def test_written_yaml_reproduces_nvidia_llama3_70b_preset_exactly() -> None:
     written = write_nemo(read_nemo(LLAMA3_70B))
     assert yaml.safe_load(written) == yaml.safe_load(LLAMA3_70B.read_text())
-    assert written.startswith("# UB communicator configurations\n# Model configs: H100/h8192/TP4/MBS1/SeqLen8K\n")
+    assert written.startswith("# UB communicator configurations\n# Model configs: H100/h8192/TP4/MBS1/SeqLen8K/FP8\n")
     assert "# Bulk overlap with AllGather / ReduceScatter\nqkv_dgrad:\n  method: bulk\n" in written
 
 

@@ -29,6 +29,26 @@ def test_validate_prints_normalized_configs_as_json() -> None:
     assert out["shape"]["hidden"] == 8192 and out["ub_cfgs"]["proj_fprop"]["num_sm"] == 24
 
 
+def test_validate_reports_fp8_for_an_nvidia_file_whose_header_says_fp8() -> None:
+    """The file name names no dtype; NVIDIA's header line ends in /FP8, so the preset is an FP8 one."""
+    assert "/FP8\n" in LLAMA3_70B.read_text()
+    out = json.loads(run("validate", str(LLAMA3_70B)).stdout)
+    assert out["dtype"] == "fp8" and out["shape"]["dtype"] == "fp8"
+    a100 = json.loads(run("validate", str(PRESETS / "launcher" / "ub_cfg_a100_h12288_tp4_mbs1_seqlen2048.yaml")).stdout)
+    assert a100["dtype"] == "bf16"  # its header ends in /BF16
+
+
+def test_validate_warns_where_name_and_header_disagree_and_keeps_the_name() -> None:
+    done = run("validate", str(PRESETS / "launcher" / "ub_cfg_h100_bf16_h16384_tp8_cp2_mbs1_seqlen8192.yaml"))
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["dtype"] == "bf16"
+    assert out["warnings"] == [
+        "ub_cfg_h100_bf16_h16384_tp8_cp2_mbs1_seqlen8192.yaml: the header says FP8 but the file name says bf16; "
+        "the file name is used"
+    ]
+
+
 def test_validate_reports_the_dummy_warning() -> None:
     done = run("validate", str(PRESETS / "nemo" / "ub_cfg_h100_h6144_tp4_mbs4_seqlen2048.yaml"))
     assert done.returncode == 0
@@ -53,7 +73,7 @@ def test_validate_of_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
 def test_convert_to_nemo_into_a_folder_uses_nvidia_file_name_and_validates_again(tmp_path: Path) -> None:
     done = run("convert", str(LLAMA3_70B), "--to", "nemo", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
-    written = tmp_path / LLAMA3_70B.name
+    written = tmp_path / "ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml"  # its header's FP8, named as NVIDIA does
     assert done.stdout.strip() == str(written)
     assert preset_json(read_nemo(written)) == preset_json(read_nemo(LLAMA3_70B))
 
@@ -75,6 +95,54 @@ def test_convert_to_an_unknown_format_exits_2() -> None:
     assert done.returncode == 2 and "hydra" in done.stderr
 
 
+def test_convert_to_te_into_a_new_folder_creates_it_and_names_the_file_as_nvidia(tmp_path: Path) -> None:
+    done = run("convert", str(LLAMA3_70B), "--to", "te", "--out", f"{tmp_path}/te/")
+    assert done.returncode == 0, done.stderr
+    # The dtype NVIDIA's header gives (FP8) goes into the name: a TE dict has no header to carry it.
+    assert done.stdout.strip() == str(tmp_path / "te" / "ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.json")
+
+
+def test_convert_into_a_missing_parent_exits_2_naming_out(tmp_path: Path) -> None:
+    done = run("convert", str(LLAMA3_70B), "--to", "nemo", "--out", str(tmp_path / "no" / "such.yaml"))
+    assert done.returncode == 2 and done.stderr.startswith("error: out: must be in an existing folder")
+
+
+def _truncated(tmp_path: Path, lines: int) -> Path:
+    """NVIDIA's Llama 3 70B file cut after ``lines`` lines, under its own name (so the shape is still known)."""
+    cut = tmp_path / LLAMA3_70B.name
+    cut.write_text("\n".join(LLAMA3_70B.read_text().splitlines()[:lines]) + "\n")
+    return cut
+
+
+def test_validate_of_a_truncated_file_exits_2_naming_the_missing_slots(tmp_path: Path) -> None:
+    cut = _truncated(tmp_path, 24)
+    kept = set(yaml.safe_load(cut.read_text()))
+    assert 0 < len(kept) < 10
+    done = run("validate", str(cut))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: file: leaves out {10 - len(kept)} slots: qkv_fprop, ")
+    assert "pass --partial" in done.stderr
+
+
+def test_validate_partial_accepts_a_truncated_file_with_a_warning(tmp_path: Path) -> None:
+    done = run("validate", "--partial", str(_truncated(tmp_path, 24)))
+    assert done.returncode == 0, done.stderr
+    (warning,) = json.loads(done.stdout)["warnings"]
+    assert warning.startswith("leaves out ") and "fc2_fprop" in warning and "warning: leaves out" in done.stderr
+
+
+def test_validate_refuses_a_count_beyond_the_knob_bound_naming_it(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    text = LLAMA3_70B.read_text()
+    assert "  num_sm: 24\n" in text
+    big.write_text(text.replace("  num_sm: 24\n", "  num_sm: 99999999999999999999999\n", 1))
+    done = run("validate", str(big))
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and "num_sm: must be between 1 and 64 (got 99999999999999999999999)" in (
+        done.stderr
+    )
+
+
 def test_a_te_json_validates_bare_or_with_its_shape(tmp_path: Path) -> None:
     """The JSON `convert --to te` and `autotune tune` write (shape from the file name), and the normalized
     view `GET /v1/presets?format=te` serves (shape inside), read back as the YAML they came from."""
@@ -86,6 +154,9 @@ def test_a_te_json_validates_bare_or_with_its_shape(tmp_path: Path) -> None:
     for file in (bare, normalized):
         validated = run("validate", str(file))
         assert validated.returncode == 0, validated.stderr
-        assert json.loads(validated.stdout) == preset_json(read_nemo(LLAMA3_70B)) | {"warnings": []}
+        got = json.loads(validated.stdout)
+        # The bare JSON's name says fp8, which the YAML's name leaves to its header: both read fp8.
+        assert got["shape"]["dtype"] == "fp8" and got["dtype"] == "fp8"
+        assert got == preset_json(read_nemo(LLAMA3_70B)) | {"warnings": []}
     normalized.write_text('{"ub_cfgs": {"qkv_fprp": {}}}')
     assert run("validate", str(normalized)).stderr.startswith("error: qkv_fprp: is not a TE userbuffers slot")

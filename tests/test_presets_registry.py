@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from overlap_runtime.config import Method, OverlapConfig
+from autotune.baselines import PRESET, TE_DEFAULT, baselines
+from overlap_runtime.config import DeviceLimits, Method, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import (
@@ -23,6 +24,8 @@ from search_spaces import (
     to_te_dict,
     write_nemo,
 )
+from search_spaces.registry import DTYPE_MISMATCH
+from search_spaces.space import slot_space
 
 LLAMA3_70B = ModelShape(hidden=8192, tp=4, seq=8192)
 PIPELINE = OverlapConfig(
@@ -159,3 +162,37 @@ def test_note_with_line_breaks_stays_a_comment() -> None:
 def test_slot_result_needs_both_overlap_config_and_time() -> None:
     with pytest.raises(InputError):
         SlotResult(best=OverlapConfig(method=Method.NONE), best_ms=1.0, best_overlap=PIPELINE)
+
+
+def test_nvidia_fp8_presets_are_the_nearest_presets_of_fp8_shapes() -> None:
+    """Most of NVIDIA's H100 files name no dtype and say FP8 in their header: they count as FP8 presets."""
+    fp8 = ModelShape(hidden=8192, tp=2, seq=4096, dtype="fp8")
+    preset, d = nearest(fp8, gpu="h100", dtype="fp8")
+    assert (preset.source, preset.dtype, d) == ("nvidia:launcher/ub_cfg_h100_h8192_tp2_mbs1_seqlen4096.yaml", "fp8", 0)
+    bf16 = ModelShape(hidden=8192, tp=2, seq=4096)
+    assert nearest(bf16, gpu="h100", dtype="bf16")[1] == pytest.approx(DTYPE_MISMATCH)
+
+
+def test_an_fp8_shape_starts_from_nvidias_fp8_preset_with_its_fp8_buffer() -> None:
+    """The study's preset baseline for an fp8 pipeline slot is NVIDIA's FP8 entry, FP8 reduce-scatter buffer kept."""
+    shape = ModelShape(hidden=8192, tp=4, seq=8192, dtype="fp8")
+    space = slot_space(shape, Slot.PROJ_FPROP, backend="cuda", limits=DeviceLimits(sm_count=132))
+    found = baselines(space, gpu="NVIDIA H100 80GB HBM3")
+    (preset,) = [b.config for b in found.configs if PRESET in b.labels]
+    assert preset.method == Method.PIPELINE and preset.fp8_buf and preset.num_sm == 24 and preset.num_splits == 4
+    assert found.caveats == ()  # NVIDIA's files set no atomic GEMM
+    assert not next(b.config for b in found.configs if TE_DEFAULT in b.labels).fp8_buf  # TE's default: bf16 partials
+
+
+def test_a_preset_atomic_gemm_is_scored_as_its_nearest_runnable_equivalent_and_the_study_says_so() -> None:
+    shape = ModelShape(hidden=1024, tp=2, seq=1024, dtype="fp8")
+    text = "proj_fprop:\n  method: pipeline\n  num_sm: 16\n  num_splits: 4\n  set_sm_margin: 1\n  fp8_buf: 1\n"
+    atomic = parse_nemo(text + "  atomic_gemm: 1\n", name="ub_cfg_h200_fp8_h1024_tp2_mbs1_seqlen1024.yaml")
+    space = slot_space(shape, Slot.PROJ_FPROP, backend="cuda", limits=DeviceLimits(sm_count=132))
+    found = baselines(space, gpu="NVIDIA H200", registry=PresetRegistry([atomic]))
+    (preset,) = [b.config for b in found.configs if PRESET in b.labels]
+    assert not preset.atomic_gemm and preset.fp8_buf and preset.num_sm == 16
+    (caveat,) = found.caveats
+    assert caveat.startswith("preset: ub_cfg_h200_fp8_h1024_tp2_mbs1_seqlen1024.yaml (distance 0.00) proj_fprop:")
+    assert "atomic_gemm scored as the same entry without it" in caveat and "cuBLAS >= 12.2 and < 13.0" in caveat
+    assert type(found).from_dict(found.to_dict()) == found  # kept with the study across restarts

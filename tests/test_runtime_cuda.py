@@ -44,7 +44,7 @@ def _time_a_slow_to_queue_op(ctx) -> list[float]:
         rows = ops.a.shape[0] // chunks
         for c in range(chunks):
             time.sleep(HOST_MS / chunks / 1e3)
-            dev.library_gemm(ops.a[c * rows : (c + 1) * rows], ops.b, ops.buffer("part", (rows, gemm.n)))
+            dev.library_gemm(ops.a[c * rows : (c + 1) * rows], ops.b, ops.partials("part", (rows, gemm.n)))
 
     return harness.time_region(dev, ops, sets, op, repeats=5, warmup=3)
 

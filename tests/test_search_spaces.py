@@ -6,6 +6,7 @@ import dataclasses
 import statistics
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 
 import optuna
 import pytest
@@ -26,10 +27,11 @@ from search_spaces import (
     te_default,
     tunable_slots,
 )
-from search_spaces.space import sm_choices
+from search_spaces.defaults import substitutions
+from search_spaces.space import pipeline_splits, sm_choices
 
 H200 = DeviceLimits(sm_count=132)
-BACKENDS = ("cpu", "cuda")
+BACKENDS = ("cpu", "cuda", "te")
 TUNED = [info.slot for info in CATALOG if info.tuned]
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -69,7 +71,7 @@ def spaces(draw: st.DrawFn) -> SlotSpace:
         draw(shapes()),
         draw(st.sampled_from(TUNED)),
         backend=backend,
-        limits=draw(limits) if backend == "cuda" else None,
+        limits=draw(limits) if backend != "cpu" else None,
     )
 
 
@@ -186,7 +188,7 @@ def test_check_is_the_runtimes_rules_and_choices_for_names_the_knob_that_takes_a
 def test_te_default_is_a_config_the_runtime_accepts_and_the_space_holds(
     shape: ModelShape, slot: Slot, backend: str, device: DeviceLimits | None
 ) -> None:
-    device = device if backend == "cuda" else None
+    device = device if backend != "cpu" else None
     config = te_default(shape, slot, backend=backend, limits=device)
     space = slot_space(shape, slot, backend=backend, limits=device)
     assert accepts(space, config)
@@ -419,8 +421,49 @@ def test_te_entry_without_runtime_equivalent_is_refused() -> None:
     atomic = OverlapConfig(
         method=Method.PIPELINE, num_sm=16, cga_size=2, num_splits=4, set_sm_margin=True, atomic_gemm=True
     )
-    with pytest.raises(ConfigError, match="atomic_gemm"):
-        as_runnable(shape, Slot.PROJ_FPROP, atomic, backend="cuda")
+    with pytest.raises(ConfigError, match="needs FP8 GEMMs"):  # TE refuses an atomic GEMM at bf16 too
+        as_runnable(replace(shape, dtype="bf16"), Slot.PROJ_FPROP, atomic, backend="cuda")
+
+
+def test_an_atomic_gemm_at_fp8_is_scored_as_its_nearest_runnable_equivalent_and_says_so() -> None:
+    shape = ModelShape(hidden=1024, tp=2, seq=1024, dtype="fp8")
+    atomic = OverlapConfig(
+        method=Method.PIPELINE, num_sm=16, cga_size=2, num_splits=4, set_sm_margin=True, atomic_gemm=True, fp8_buf=True
+    )
+    config = as_runnable(shape, Slot.PROJ_FPROP, atomic, backend="cuda")
+    assert config == as_runnable(shape, Slot.PROJ_FPROP, replace(atomic, atomic_gemm=False), backend="cuda")
+    assert not config.atomic_gemm and config.fp8_buf  # the FP8 buffer is TE's pipeline choice and stays
+    (line,) = substitutions(shape, atomic)
+    assert "nearest runnable equivalent" in line and "cuBLAS >= 12.2 and < 13.0" in line
+    assert substitutions(shape, replace(atomic, atomic_gemm=False)) == ()
+
+
+def test_fp8_pipeline_chunks_are_16_wide_or_a_multiple() -> None:
+    """torch._scaled_mm needs N a multiple of 16: hidden 96 splits into 2, 3 and 6 at bf16, only 2 and 3 at fp8."""
+    bf16 = ModelShape(hidden=96, tp=2, seq=64)
+    assert pipeline_splits(problem(bf16, Slot.PROJ_FPROP, Method.PIPELINE)) == (2, 3, 4, 6, 8, 12, 16)
+    fp8 = replace(bf16, dtype="fp8")
+    assert pipeline_splits(problem(fp8, Slot.PROJ_FPROP, Method.PIPELINE)) == (2, 3, 6)
+    with pytest.raises(ConfigError, match="16 wide") as info:
+        check_config(
+            OverlapConfig(method=Method.PIPELINE, num_splits=4),
+            problem(fp8, Slot.PROJ_FPROP, Method.PIPELINE),
+            backend="cpu",
+        )
+    assert info.value.field == "num_splits"
+    assert te_default(fp8, Slot.PROJ_FPROP, backend="cpu").num_splits == 3  # TE's 4, the largest that fits
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_fp8_buf_is_searched_only_on_fp8_pipelines(dtype: str) -> None:
+    shape = ModelShape(hidden=1024, tp=2, seq=1024, dtype=dtype)
+    for backend in ("cpu", "cuda"):
+        for slot in (Slot.PROJ_FPROP, Slot.QKV_FPROP, Slot.QKV_DGRAD, Slot.QKV_WGRAD):
+            space = slot_space(shape, slot, backend=backend)
+            with_buf = {c.method for c in space.configs() if c.fp8_buf}
+            assert with_buf == ({Method.PIPELINE} if dtype == "fp8" and Method.PIPELINE in space.methods else set())
+    pipeline = [c for c in slot_space(shape, Slot.PROJ_FPROP, backend="cpu").configs() if c.method == Method.PIPELINE]
+    assert len(pipeline) == (2 if dtype == "fp8" else 1) * len([c for c in pipeline if not c.fp8_buf])
 
 
 def test_an_aggregated_copy_engine_ring_runs_as_our_copy_engine_all_gather() -> None:

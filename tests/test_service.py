@@ -8,6 +8,7 @@ workers claiming from one PostgreSQL database at once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +125,31 @@ def test_configs_asked_to_be_measured_first_are_measured_before_the_search(make_
         assert mine.purpose == "baseline" and mine.state == "complete"
         assert mine.measurement["measurements"][0]["valid"]
         assert mine.optuna_trial_number < min(searched)
+
+
+def test_an_fp8_job_tunes_e4m3_gemms_and_serves_an_fp8_preset(make_service, sqlite_url: str) -> None:
+    """dtype fp8 through the REST API: the job runs FP8 GEMMs on the CPU backend, measures the pipeline's FP8
+    buffer it was asked to measure first, and its preset is served under NVIDIA's fp8 name and header."""
+    fp8_buffer = {"method": "pipeline", "num_splits": 2, "fp8_buf": True}
+    fp8 = dataclasses.replace(TINY_SHAPE, dtype="fp8")
+    service = make_service(db_url=sqlite_url)
+    service.start_controller()
+    service.start_worker()
+    with service.client() as client:
+        job_id = client.submit(
+            shape=fp8, layers=["proj_fprop"], n_trials=4, backend="cpu", measure_first={"proj_fprop": [fp8_buffer]}
+        ).id
+    assert service.wait_for_job(job_id).status == "succeeded"
+    (mine,) = [t for t in trials_of(service, job_id) if [c.model_dump() for c in t.config.configs] == [fp8_buffer]]
+    assert mine.state == "complete" and mine.measurement["measurements"][0]["valid"]
+    query = {"hidden": 64, "tp": 2, "mbs": 1, "seq": 32, "dtype": "fp8"}
+    with service.client() as client:
+        (group,) = client.best(query, gpu="cpu").results
+        preset = client.preset(query, gpu="cpu")
+        assert client.best({**query, "dtype": "bf16"}, gpu="cpu").results == []
+    assert ModelShape(**group.shape) == fp8 and [layer.slot for layer in group.layers] == ["proj_fprop"]
+    assert preset.measured and preset.file_name == "ub_cfg_cpu_fp8_h64_tp2_mbs1_seqlen32.yaml"
+    assert "# Model configs: CPU/h64/TP2/MBS1/SeqLen32/FP8\n" in preset.text
 
 
 def test_four_workers_on_postgres_never_share_a_trial(make_service, postgres_url: str) -> None:

@@ -95,10 +95,10 @@ def test_te_jobs_run_only_on_te_workers_whose_inventory_reports_te(
         cuda = client.register(_gpu_worker("cuda-with-te", backend="cuda", te="2.20.2"))
         time.sleep(2.0)  # twenty scheduler passes
         assert client.job(job.id).status == "queued"  # no worker can run it yet
-        assert client.claim(lacking.id) is None and client.claim(cuda.id) is None
+        assert client.claim(lacking) is None and client.claim(cuda) is None
 
         ready = client.register(_gpu_worker("te-with-te", backend="te", te="2.20.2"))
-        claim = service.wait_until(lambda: client.claim(ready.id), timeout_s=30, what="a trial for the TE worker")
+        claim = service.wait_until(lambda: client.claim(ready), timeout_s=30, what="a trial for the TE worker")
         assert (claim.job_id, claim.backend, claim.slot) == (job.id, "te", "qkv_fprop")
         for config in claim.proposal.to_proposal().configs:  # the te space: TE's keys only
             check_config(config, problem(SHAPE, Slot.QKV_FPROP, config.method), backend="te")
@@ -107,7 +107,7 @@ def test_te_jobs_run_only_on_te_workers_whose_inventory_reports_te(
         service.wait_until(
             lambda: any(t.state == "waiting" for t in client.all_trials(job.id)), timeout_s=30, what="a waiting trial"
         )
-        assert client.claim(lacking.id) is None and client.claim(cuda.id) is None  # still never theirs
+        assert client.claim(lacking) is None and client.claim(cuda) is None  # still never theirs
         assert {w.name: w.te_version for w in client.workers()} == {
             "te-without-te": None,
             "cuda-with-te": "2.20.2",

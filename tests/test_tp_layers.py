@@ -146,3 +146,41 @@ def test_a_layer_that_cannot_run_fails_at_construction_naming_the_field(
 def tp2():
     with TPGroup(tp=2, backend="cpu") as group:
         yield group
+
+
+def test_the_readme_example_trains_with_a_tuned_preset_under_torchrun() -> None:
+    preset = "bench/results/presets/ub_cfg_h200_bf16_h8192_tp2_mbs1_seqlen8192.yaml"
+    args = ["--hidden", "64", "--ffn-hidden", "256", "--seq", "64", "--steps", "4", "--preset", preset]
+    out = torchrun("examples/tp_mlp.py", *args, nproc=2)
+    assert "fc1_dgrad: {'method': 'bulk'}" in out and "fc2_fprop: {'method': 'ring_exchange'}" in out, out
+    losses = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("step ")]
+    assert len(losses) == 4 and losses[-1] < losses[0], out
+
+
+def _state(ctx) -> dict:
+    import torch
+
+    from overlap_runtime.layers import ColumnParallelLinear, RowParallelLinear
+
+    column, row = ColumnParallelLinear(16, 32, layer="fc1"), RowParallelLinear(32, 16, layer="fc2", bias=False)
+    other = ColumnParallelLinear(16, 32, layer="fc1")
+    other.load_state_dict(column.state_dict())
+    loaded = torch.equal(other.weight, column.weight)
+    column.reset_parameters()
+    return {
+        "column": {k: tuple(v.shape) for k, v in column.state_dict().items()},
+        "row": {k: tuple(v.shape) for k, v in row.state_dict().items()},
+        "loaded": loaded,
+        "redrawn": not torch.equal(other.weight, column.weight),
+        "bound": float(column.weight.abs().max()) <= 1 / 16**0.5,
+        "bias_zero": bool((column.bias == 0).all()),
+        "dtype": str(ColumnParallelLinear(16, 32, dtype=torch.float64).weight.dtype),
+    }
+
+
+def test_the_layers_follow_pytorchs_parameter_conventions(tp2: TPGroup) -> None:
+    state = tp2.run(_state, timeout_s=60)[0]
+    assert state["column"] == {"weight": (16, 16), "bias": (16,)}  # [out / tp, in], bias sharded with it
+    assert state["row"] == {"weight": (16, 16)}  # [out, in / tp]
+    assert state["loaded"] and state["redrawn"]  # load_state_dict copies; reset_parameters draws anew
+    assert state["bound"] and state["bias_zero"] and state["dtype"] == "torch.float64"

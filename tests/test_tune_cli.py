@@ -71,6 +71,22 @@ def test_tune_stores_a_gated_context_parallel_shape_as_given(tmp_path: Path) -> 
     assert ModelShape(**row.shape) == ModelShape(hidden=64, tp=2, seq=32, gated=True, cp=2)
 
 
+def test_tune_an_fp8_shape_writes_an_fp8_preset_as_nvidia_names_it(tmp_path: Path) -> None:
+    """dtype fp8 end to end: E4M3 GEMMs measured on the CPU backend, winners stored under the fp8 key, the
+    preset named and headed as NVIDIA's FP8 files are, and its pipeline free to pick an FP8 buffer."""
+    result = tune("--dtype", "fp8", "--layers", "qkv_fprop,proj_fprop", "--trials", "6", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "out" / "ub_cfg_cpu_fp8_h64_tp2_mbs1_seqlen32.yaml").read_text()
+    assert text.startswith("# UB communicator configurations\n# Model configs: CPU/h64/TP2/MBS1/SeqLen32/FP8\n")
+    assert {"qkv_fprop", "proj_fprop"} <= yaml.safe_load(text).keys()
+    fp8 = ModelShape(hidden=64, tp=2, seq=32, dtype="fp8")
+    with session_factory(engine=create_engine_for(url=f"sqlite:///{tmp_path / 'autotune.db'}"))() as session:
+        best = get_best(session=session, shape=fp8, gpu="cpu", dtype="fp8")
+        assert get_best(session=session, shape=ModelShape(hidden=64, tp=2, seq=32), gpu="cpu", dtype="bf16") == []
+    assert sorted(row.slot for row in best) == ["proj_fprop", "qkv_fprop"]
+    assert all(row.measurement["valid"] and ModelShape(**row.shape) == fp8 for row in best)
+
+
 def test_bad_input_exits_2_and_names_the_field(tmp_path: Path) -> None:
     result = tune("--layers", "qkv_fprop,qkv_fprup", tmp_path=tmp_path)
     assert result.returncode == 2

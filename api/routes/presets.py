@@ -18,7 +18,15 @@ from fastapi import APIRouter, Query, Response
 from api.deps import RegistryDep, SessionDep
 from api.lookup import ShapeQueryDep, measured_groups, measured_preset, nearest, one_group
 from api.schemas import ErrorPublic, NearestPublic
-from search_spaces import Preset, bridge_file_name, preset_file_name, preset_json, write_bridge, write_nemo
+from search_spaces import (
+    Preset,
+    bridge_file_name,
+    preset_file_name,
+    preset_json,
+    te_file_name,
+    write_bridge,
+    write_nemo,
+)
 
 router = APIRouter(prefix="/v1", tags=["presets"])
 
@@ -64,6 +72,8 @@ def get_preset(
     if format == Format.TE:
         body: dict[str, Any] = {"measured": described is None, "nearest": described and described.model_dump()}
         body |= preset_json(preset)
+        name = te_file_name(preset) if preset.shape is not None else "preset.json"
+        headers["Content-Disposition"] = f'attachment; filename="{name}"'
         return Response(json.dumps(body, indent=2) + "\n", media_type="application/json", headers=headers)
     if format == Format.BRIDGE:
         text, name, media_type = write_bridge(preset), bridge_file_name(preset), PYTHON_MEDIA_TYPE

@@ -162,13 +162,19 @@ function comparison(slot, trials, outcome) {
 }
 
 async function loadOutcomes(job) {
-  // Each slot's decision, where this job made it: GET /v1/best for the job's shape.
-  const r = await fetch(`/v1/best?${presetQuery(job)}`);
-  if (!r.ok) return {};
-  const best = await r.json();
-  const outcomes = {};
-  for (const group of best.results) {
-    for (const layer of group.layers) if (layer.job_id === job.id && layer.outcome) outcomes[layer.slot] = layer.outcome;
+  // Each decided slot's decision, where this job made it: GET /v1/best for the job's shape.  That answer may be
+  // up to AUTOTUNE_BEST_CACHE_S (1 s) old, older than the slot just decided: ask again until it has them all.
+  const decided = job.slots.filter(s => s.best?.final).map(s => s.slot);
+  let outcomes = {};
+  for (let attempt = 0; attempt < 4; attempt++) {
+    if (attempt) await new Promise(resolve => setTimeout(resolve, 600));
+    const r = await fetch(`/v1/best?${presetQuery(job)}`);
+    if (!r.ok) return outcomes;
+    outcomes = {};
+    for (const group of (await r.json()).results) {
+      for (const layer of group.layers) if (layer.job_id === job.id && layer.outcome) outcomes[layer.slot] = layer.outcome;
+    }
+    if (decided.every(slot => slot in outcomes)) break;
   }
   return outcomes;
 }

@@ -13,7 +13,7 @@ import httpx
 import typer
 from typer.core import TyperGroup
 
-from autotune.cli import client, measure, preset, serve, tune, worker
+from autotune.cli import client, measure, preset, serve, tune, validate, worker
 from autotune.client import RequestRejected
 from overlap_runtime.errors import AutotuneError, InputError
 from storage.errors import StorageError
@@ -62,6 +62,7 @@ app.add_typer(preset.app, name="preset")
 app.command("serve")(serve.serve)
 app.command("worker")(worker.worker)
 app.command("tune")(tune.tune)
+app.command("validate")(validate.validate_command)
 for _command in (client.submit, client.status, client.best, client.export, client.cancel):
     app.command()(_command)
 

@@ -7,24 +7,45 @@ Each command is a thin wrapper over `autotune.client.Client`.  The controller's 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
+import httpx
 import typer
 from pydantic import BaseModel
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from api.schemas import JobPublic
+from api.schemas import BestLayer, JobPublic
 from autotune.cli.local_token import read_token
+from autotune.cli.output import console, write_out
+from autotune.cli.progress import JobProgress, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, Client
+from autotune.gpu import CPU
+from overlap_runtime.config import Method
+from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
-Controller = Annotated[str, typer.Option(envvar="AUTOTUNE_CONTROLLER", help="Controller URL (or AUTOTUNE_CONTROLLER)")]
+
+def controller_url(value: str) -> str:
+    """``--controller`` as given, once it is an http(s) URL with a host: anything else is bad input (exit 2),
+    found before any request, not a connection error (exit 1) or a worker retrying forever."""
+    try:
+        url = httpx.URL(value)
+    except httpx.InvalidURL:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise InputError(
+            "controller", "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000", value
+        )
+    return value
+
+
+Controller = Annotated[
+    str,
+    typer.Option(envvar="AUTOTUNE_CONTROLLER", callback=controller_url, help="Controller URL (or AUTOTUNE_CONTROLLER)"),
+]
 Token = Annotated[
     str | None,
     typer.Option(envvar="AUTOTUNE_TOKEN", help="Bearer token (or AUTOTUNE_TOKEN; default: local token file)"),
@@ -46,7 +67,9 @@ def submit(
     shape: ModelShape,
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,fc2_fprop)")] = "all",
     trials: Annotated[int | None, typer.Option(help="Trials per slot (controller default: 30)")] = None,
-    backend: Annotated[str | None, typer.Option(help="cpu | cuda (controller default)")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="cpu | cuda | te (measured through TransformerEngine; controller default)")
+    ] = None,
     gpu: JobGpu = None,
     follow: Annotated[bool, typer.Option("--follow", help="Then show progress until the job ends")] = False,
     controller: Controller = DEFAULT_CONTROLLER,
@@ -58,6 +81,8 @@ def submit(
     with _client(controller, token) as client:
         accepted = client.submit(shape=shape, layers=names, n_trials=trials, backend=backend, gpu=gpu)
         typer.echo(accepted.model_dump_json() if as_json else accepted.id)
+        if reason := waiting_reason(client.job(accepted.id)):  # now, not after the user has waited for nothing
+            typer.echo(f"warning: job {accepted.id} waits: {reason}", err=True)
         if follow:
             _follow(client, accepted.id, as_json=as_json)
 
@@ -79,23 +104,15 @@ def status(
 
 
 def _follow(client: Client, job_id: str, *, as_json: bool) -> None:
-    """Follow the job's events (a progress bar on a terminal), print it, exit 1 unless it succeeded."""
+    """Follow the job's events (`JobProgress`: a bar on a terminal, lines elsewhere), print it, exit 1 unless
+    it succeeded."""
     job = client.job(job_id)
-    console = Console(stderr=True)
     if job.status not in TERMINAL:
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TaskProgressColumn(),
-            TextColumn("{task.fields[done]}"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
-            task = bar.add_task(f"job {job_id[:8]}", total=1.0, done="")
+        with JobProgress(job_id) as shown:
+            shown.show(job)  # at once: a job that waits says so now, not when its first event comes
             while job.status not in TERMINAL:
                 for job in client.progress(job_id):
-                    done = f"{job.progress.done}/{job.progress.total} trials, {job.status}"
-                    bar.update(task, completed=job.progress.fraction, done=done)
+                    shown.show(job)
                 job = client.job(job_id)  # the stream ended: done, or the server closed it (then follow again)
     _print_job(job, as_json=as_json)
     if job.status != "succeeded":
@@ -108,6 +125,8 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
         return
     p = job.progress
     typer.echo(f"job {job.id}: {job.status} ({p.done}/{p.total} trials, {p.fraction:.0%})")
+    if reason := waiting_reason(job):
+        typer.echo(f"waiting: {reason}")
     if job.error:
         typer.echo(f"error: {job.error}")
     table = Table("slot", "status", "trials", "best config", "overlap ms", "serial ms", "")
@@ -123,7 +142,7 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
             _ms(m.get("serial_ms")),
             ("final" if best.final else "so far") if best else "",
         )
-    Console().print(table)
+    console().print(table)
 
 
 @takes_shape_filter
@@ -150,11 +169,12 @@ def best(
         table = Table("slot", "config (TE entry)", "note")
         for layer in answer.nearest_layers:
             table.add_row(layer.slot, _config_text(layer.config), layer.note or "")
-        Console().print(table)
+        console().print(table)
         return
     for group in answer.results:
+        on_cpu = group.gpu == CPU
         table = Table(
-            "slot", "best config", "overlap ms", "serial ms", "hidden", title=f"{group.gpu} {group.shape_key}"
+            "slot", "best config", "overlap ms", "serial ms", "hidden", "note", title=f"{group.gpu} {group.shape_key}"
         )
         for best in group.layers:
             m = best.measurement or {}
@@ -163,9 +183,35 @@ def best(
                 _config_text(best.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
-                f"{m['hidden_frac']:.0%}" if m.get("hidden_frac") is not None else "-",
+                "n/a" if on_cpu or m.get("hidden_frac") is None else f"{m['hidden_frac']:.0%}",
+                "; ".join(n for n in (_slower_than_serial(best), best.note) if n),
             )
-        Console().print(table)
+        console().print(table)
+        if on_cpu:
+            typer.echo(CPU_NOTE, err=True)
+
+
+CPU_NOTE = (
+    "note: measured on the CPU backend (gloo between CPU processes): these times show that the service works, "
+    "not what a GPU gains, so the share hidden is not shown (n/a); tune on GPUs for numbers to use"
+)
+SLOWER_NOTE = (
+    "slower than serial in its own trial, yet faster than no overlap (none) measured beside it: "
+    "the gap is within the noise"
+)
+
+
+def _slower_than_serial(layer: BestLayer) -> str | None:
+    """The note for an overlap winner whose time is above its trial's serial time: the winner was picked
+    against no overlap measured in the same finalist batch, so that gap is noise between trials."""
+    m = layer.measurement or {}
+    overlap, serial = m.get("overlap_ms"), m.get("serial_ms")
+    slower = overlap is not None and serial is not None and overlap > serial
+    return SLOWER_NOTE if slower and layer.config.method != Method.NONE else None
+
+
+FALLBACK_SUFFIX = {"nemo": "yaml", "te": "json", "bridge": "py"}
+"""The file's suffix per format, for a controller that sends no file name."""
 
 
 @takes_shape_filter
@@ -175,7 +221,9 @@ def export(
     format: Annotated[
         str, typer.Option("--format", help="nemo (YAML) | te (ub_cfgs JSON) | bridge (Megatron-Bridge module)")
     ] = "nemo",
-    out: Annotated[Path, typer.Option(help="File to write, or a folder for NVIDIA's file name")] = Path("."),
+    out: Annotated[
+        str, typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name: docs/cli.md")
+    ] = ".",
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
 ) -> None:
@@ -184,11 +232,8 @@ def export(
         preset = client.preset(shape, gpu=gpu, format=format)
     if not preset.measured:
         typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
-    if out.is_dir():
-        name = preset.file_name or "preset.yaml"
-        out = out / (Path(name).with_suffix(".json").name if format == "te" else name)
-    out.write_text(preset.text, encoding="utf-8")
-    typer.echo(str(out))
+    name = preset.file_name or f"preset.{FALLBACK_SUFFIX.get(format, 'yaml')}"  # the controller names it
+    typer.echo(str(write_out(out, preset.text, name=name)))
 
 
 def cancel(

@@ -12,13 +12,16 @@ from typing import Annotated
 
 import typer
 
+from autotune.cli.output import write_out
 from search_spaces import (
     Preset,
+    PresetError,
     PresetWarning,
     bridge_file_name,
     preset_file_name,
     preset_json,
     read_preset,
+    te_file_name,
     to_te_dict,
     write_bridge,
     write_nemo,
@@ -47,9 +50,23 @@ class Format(enum.StrEnum):
 
 
 @app.command()
-def validate(file: PresetFile, preset: PresetName = None) -> None:
-    """Print the preset's normalized configs (TE's effective ub_cfgs) as JSON; exit 2 on a bad file."""
+def validate(
+    file: PresetFile,
+    preset: PresetName = None,
+    partial: Annotated[
+        bool, typer.Option("--partial", help="Accept a file that configures only some slots (warn instead)")
+    ] = False,
+) -> None:
+    """Print the preset's normalized configs (TE's effective ub_cfgs) as JSON; exit 2 on a bad file, or on one
+    that leaves slots out (a truncated file, say) unless ``--partial``."""
     read, caught = _read(file, preset)
+    if read.missing and not read.empty:  # an empty file is NVIDIA's hydra dummy: `_read` warned already
+        names = ", ".join(slot.value for slot in read.missing)
+        rule = f"leaves out {len(read.missing)} slots: {names}"
+        if not partial:
+            raise PresetError("file", f"{rule} (TE would run its defaults there); pass --partial if that is meant")
+        caught.append(f"{rule}: TE runs its defaults there")
+        print(f"warning: {caught[-1]}", file=sys.stderr)
     print(json.dumps(preset_json(read) | {"warnings": caught}, indent=2))
 
 
@@ -65,7 +82,8 @@ def convert(
         ),
     ],
     out: Annotated[
-        Path | None, typer.Option(help="File to write, or a folder for NVIDIA's file name (default: stdout)")
+        str | None,
+        typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name (default: stdout)"),
     ] = None,
     preset: PresetName = None,
 ) -> None:
@@ -75,9 +93,7 @@ def convert(
     if out is None:
         sys.stdout.write(text)
         return
-    target = out / _file_name(read, to, file) if out.is_dir() else out
-    target.write_text(text, encoding="utf-8")
-    print(target)
+    print(write_out(out, text, name=_file_name(read, to, file)))
 
 
 def preset_text(preset: Preset, to: Format) -> str:
@@ -102,5 +118,6 @@ def _read(file: Path, name: str | None) -> tuple[Preset, list[str]]:
 def _file_name(preset: Preset, to: Format, source: Path) -> str:
     if to == Format.BRIDGE:
         return bridge_file_name(preset)
-    name = preset_file_name(preset) if preset.shape is not None else source.name
-    return Path(name).with_suffix(".yaml" if to == Format.NEMO else ".json").name
+    if preset.shape is None:
+        return source.with_suffix(".yaml" if to == Format.NEMO else ".json").name
+    return preset_file_name(preset) if to == Format.NEMO else te_file_name(preset)

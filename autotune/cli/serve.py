@@ -30,14 +30,16 @@ import optuna
 import typer
 import uvicorn
 from fastapi import FastAPI
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 from uvicorn.config import LOGGING_CONFIG
 
 import storage
 from api.main import app_from_env, create_app
 from api.settings import Settings
+from autotune.cli import signals
 from autotune.cli.local_token import load_or_create_token, token_path
 from autotune.cli.measure import default_backend
+from overlap_runtime.errors import InputError
 
 WORKER_STOP_TIMEOUT_S = 10.0
 _CLI_MAIN = "from autotune.cli.app import main; main()"
@@ -79,7 +81,7 @@ def serve(
     if local_worker:
         backend = backend or default_backend()
         overrides["default_backend"] = backend
-    settings = Settings(**overrides)
+    settings = _settings(overrides)
     if settings.token is None and not settings.no_auth:
         settings = settings.model_copy(update={"token": SecretStr(load_or_create_token())})
         typer.echo(f"token: in {token_path()} (clients on this machine read it; others need AUTOTUNE_TOKEN)", err=True)
@@ -91,7 +93,11 @@ def serve(
         "log_config": _log_config(log_level),
         "access_log": log_level == "debug",
     }
-    app: FastAPI | str = create_app(settings) if workers == 1 else _prepare_workers(settings)
+    settings.check_auth()
+    settings.check_scheduler()
+    _migrate(settings)
+    app: FastAPI | str = create_app(settings) if workers == 1 else _export_for_workers(settings)
+    signals.stop_on_sigterm()  # uvicorn raises SIGTERM again once it has shut down: stop the local worker then
     with _local_worker(settings, backend) if local_worker else contextlib.nullcontext():
         uvicorn.run(app, workers=workers, factory=workers > 1, **options)
 
@@ -102,21 +108,31 @@ def worker_app() -> FastAPI:
     return app_from_env()
 
 
-def _prepare_workers(settings: Settings) -> str:
-    """Check and export ``settings`` for the API processes and migrate the database once; `worker_app`'s name.
+def _settings(overrides: dict[str, Any]) -> Settings:
+    """The settings from the flags and the ``AUTOTUNE_*`` environment; `InputError` naming the first field that
+    breaks its rule (``--port 70000``, ``AUTOTUNE_LEASE_S=-1``), so a bad value is exit 2, not a traceback."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise InputError(field, first["msg"], first.get("input")) from None
 
-    Checking here fails the command once with the reason, instead of N processes failing alike; migrating
-    here means an unreachable database stops the command (exit 1) before any process starts, and the
-    processes find the schema at head.
-    """
-    settings.check_auth()
-    settings.check_scheduler()
-    os.environ.update(settings.to_environment())  # spawned processes inherit it
+
+def _migrate(settings: Settings) -> None:
+    """Migrate the database before any server starts, so one that is unreachable, read-only or broken stops
+    the command with its reason (`StorageError`, exit 1) instead of uvicorn's start-up failure (exit 3); the
+    app finds the schema at head (its own start-up migration is then a no-op)."""
     engine = storage.create_engine_for(url=settings.db_url)
     try:
         storage.upgrade(engine=engine)
     finally:
         engine.dispose()
+
+
+def _export_for_workers(settings: Settings) -> str:
+    """Export ``settings`` for the API processes of ``--workers N``; the name of the app they import."""
+    os.environ.update(settings.to_environment())  # spawned processes inherit it
     return WORKER_APP
 
 
@@ -144,6 +160,7 @@ def _local_worker(settings: Settings, backend: str | None) -> Iterator[None]:
     if settings.token is not None:
         env["AUTOTUNE_TOKEN"] = settings.token.get_secret_value()  # the environment, not argv: ps shows argv
     command = [sys.executable, "-c", _CLI_MAIN, "worker", "--controller", _url(settings), "--backend", backend or "cpu"]
+    command += ["--parent-pid", str(os.getpid())]  # it stops itself should this process die without stopping it
     worker = subprocess.Popen(command, env=env)
     try:
         yield

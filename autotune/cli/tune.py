@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from autotune import local
+from autotune.cli import output, signals
 from autotune.cli.measure import BACKEND_HELP, default_backend
 from autotune.cli.shape_options import takes_shape
 from autotune.report import outcome_table
 from overlap_runtime.shape import ModelShape
-
-PIPE_WIDTH = 200
-"""Table width when printing to a pipe or a file: rich's 80 columns would cut the knobs off."""
 
 
 @takes_shape
@@ -33,7 +28,7 @@ def tune(
     seed: Annotated[int | None, typer.Option(help="Sampler seed, for reproducible searches")] = None,
 ) -> None:
     """Tune every layer slot of a shape locally; run it again with the same arguments to resume."""
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops like Ctrl-C: the TP group is shut down, exit 130
+    signals.stop_on_sigterm()  # `kill` stops like Ctrl-C: the TP group is shut down, exit 130
     request = local.TuneRequest(
         shape=shape,
         out=out,
@@ -44,7 +39,7 @@ def tune(
         gpu=gpu,
         seed=seed,
     )
-    console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    console = output.console()
     report = local.tune(request, console=console)
     console.print(outcome_table(report))
     for path in report.files:
@@ -53,7 +48,3 @@ def tune(
         failed = ", ".join(slot.value for slot, o in report.outcomes.items() if o is None)
         print(f"error: no config ran correctly for {failed}", file=sys.stderr)
         raise typer.Exit(1)
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

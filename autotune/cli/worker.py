@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import signal
-from types import FrameType
 from typing import Annotated
 
 import typer
 
+from autotune.cli import signals
+from autotune.cli.client import controller_url
 from autotune.cli.local_token import read_token
 from autotune.cli.measure import BACKEND_HELP, default_backend
 from autotune.worker import WorkerOptions, run_worker
@@ -19,7 +19,10 @@ from overlap_runtime.te_backend import require_te
 
 def worker(
     controller: Annotated[
-        str, typer.Option(envvar="AUTOTUNE_CONTROLLER", help="Controller URL, e.g. http://host:8000")
+        str,
+        typer.Option(
+            envvar="AUTOTUNE_CONTROLLER", callback=controller_url, help="Controller URL, e.g. http://host:8000"
+        ),
     ],
     backend: Annotated[str | None, typer.Option(help=BACKEND_HELP)] = None,
     token: Annotated[str | None, typer.Option(envvar="AUTOTUNE_TOKEN", help="The controller's bearer token")] = None,
@@ -30,6 +33,9 @@ def worker(
         float, typer.Option(min=0.001, help="Per config and round before a trial is hung")
     ] = 180.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    parent_pid: Annotated[
+        int | None, typer.Option(hidden=True, help="Exit when this process, the serve that started it, dies")
+    ] = None,
 ) -> None:
     """Register with the controller, then claim, measure and report trials; a failing config never stops it."""
     backend = backend or default_backend()
@@ -39,12 +45,10 @@ def worker(
         require_te()  # at once, before registering: a te worker without TE could run nothing
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per claim poll otherwise
-    signal.signal(signal.SIGTERM, _interrupt)  # docker stop / serve's shutdown: close the TP group on the way out
+    signals.stop_on_sigterm()  # docker stop / serve's shutdown: close the TP group on the way out
+    if parent_pid is not None:
+        signals.exit_with_parent(parent_pid)
     options = WorkerOptions(
         backend=backend, name=name, poll_s=poll_s, heartbeat_s=heartbeat_s, trial_timeout_s=trial_timeout_s
     )
     run_worker(controller=controller, token=token or read_token(), options=options)
-
-
-def _interrupt(_signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
