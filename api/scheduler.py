@@ -225,9 +225,7 @@ class Scheduler:
         te worker whose inventory reports TransformerEngine (``te_version``)."""
         if job.backend == Backend.CPU:
             return CPU
-        workers = storage.list_workers(session=session)
-        # can_run implies a GPU model off the cpu backend; the test says so to mypy too.
-        capable = [w.gpu_model for w in workers if can_run(w, job) and w.gpu_model is not None]
+        capable = [w.gpu_model for w in storage.list_workers(session=session) if can_run(w, job) and w.gpu_model]
         return results_gpu(Counter(capable).most_common(1)[0][0], job.backend.value) if capable else None
 
     def _drive(self, session: Session, job: Job) -> None:

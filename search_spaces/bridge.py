@@ -169,7 +169,7 @@ class _Entry:
 
 def _entry(slot: Slot, config: OverlapConfig) -> _Entry:
     base = _METHOD_CLASS[config.method]
-    fields = all_fields(base.name, BRIDGE_CLASSES | {base.name: base})
+    fields = all_fields(base.name, {**BRIDGE_CLASSES, base.name: base})
     values: dict[str, Any] = {}
     for name, default in fields.items():
         if name == "method":
@@ -200,7 +200,8 @@ def write_bridge(preset: Preset) -> str:
     ours = [EXTERNAL_CLASS] if external else []  # bases before the subclasses of them
     ours += [entry.cls for entry in entries.values()] + [layer]
     defined = {cls.name: cls for cls in ours if cls.name not in BRIDGE_CLASSES}
-    used = {LAYER, *(cls.base for cls in defined.values()), *(entry.cls.name for entry in entries.values())}
+    bases = (cls.base for cls in defined.values() if cls.base is not None)
+    used = {LAYER, *bases, *(entry.cls.name for entry in entries.values())}
     imported = sorted(used & BRIDGE_CLASSES.keys())
     name = bridge_name(preset)
     lines = [
@@ -274,10 +275,14 @@ def parse_bridge(text: str, *, name: str | None = None, source: str | None = Non
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
             _add_class(node, classes)
-        elif (target := _assigned(node)) is not None and isinstance(node.value, ast.Call):  # type: ignore[union-attr]
-            call = node.value  # type: ignore[union-attr]
-            if isinstance(call.func, ast.Name) and derives_from(call.func.id, LAYER, classes):
-                presets[target] = call
+        elif (
+            isinstance(node, ast.Assign | ast.AnnAssign)
+            and (target := _assigned(node)) is not None
+            and isinstance(call := node.value, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and derives_from(call.func.id, LAYER, classes)
+        ):
+            presets[target] = call
     var = _pick(presets, name)
     shape, gpu, dtype = shape_from_name(NAME.fullmatch(var), var)
     configs = _layer(presets[var], classes)

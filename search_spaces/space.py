@@ -353,7 +353,7 @@ def _streams(space: SlotSpace, chunks: int, *, always: bool) -> Generator[Param,
     return min(TE_NUM_MAX_STREAMS, chunks)
 
 
-_TREES = {
+_TREES: Mapping[Method, Callable[[SlotSpace, SlotGemm], Tree]] = {
     Method.NONE: no_overlap,
     Method.RING_EXCHANGE: _ring_exchange,
     Method.PIPELINE: _pipeline,

@@ -360,7 +360,9 @@ def test_cli_converts_yaml_to_a_bridge_module_and_validates_it(tmp_path: Path) -
     done = run("convert", str(source), "--to", "bridge", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     written = tmp_path / bridge_file_name(read_nemo(source))
-    assert done.stdout.strip() == str(written) and written.name == "userbuffers_h100_h8192_tp4_mbs1_seqlen8192.py"
+    assert (
+        done.stdout.strip() == str(written) and written.name == "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192.py"
+    )  # its header says FP8
     validated = run("validate", str(written))
     assert validated.returncode == 0, validated.stderr
     assert json.loads(validated.stdout) == preset_json(read_nemo(source)) | {"warnings": []}

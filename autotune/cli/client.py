@@ -207,7 +207,7 @@ def _slower_than_serial(layer: BestLayer) -> str | None:
     m = layer.measurement or {}
     overlap, serial = m.get("overlap_ms"), m.get("serial_ms")
     slower = overlap is not None and serial is not None and overlap > serial
-    return SLOWER_NOTE if slower and layer.config.method != Method.NONE else None
+    return SLOWER_NOTE if slower and layer.config.to_config().method != Method.NONE else None
 
 
 FALLBACK_SUFFIX = {"nemo": "yaml", "te": "json", "bridge": "py"}
