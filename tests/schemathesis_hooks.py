@@ -9,6 +9,7 @@ sent the bodies that got 500s (issue 21, item 6).
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -54,3 +55,10 @@ def flatmap_query(_context: Any, query: dict[str, Any] | None) -> st.SearchStrat
         return st.just(query)
     nasty = st.tuples(st.sampled_from(sorted(query)), st.sampled_from(QUERY_VALUES))
     return st.one_of(st.just(query), nasty.map(lambda change: {**query, change[0]: change[1]}))
+
+
+@schemathesis.serializer("application/json")
+def json_with_non_finite_numbers(_context: Any, value: Any) -> bytes:
+    """JSON as Python's ``json`` writes it, ``NaN`` and ``Infinity`` included: the HTTP client's own encoder
+    refuses to send them, and sending them is the point."""
+    return value if isinstance(value, bytes) else json.dumps(value).encode()

@@ -34,7 +34,7 @@ pytest_plugins = ("conftest_service",)  # idle_service
 
 SHAPE = {"hidden": 64, "tp": 2, "mbs": 1, "seq": 32}
 UNKNOWN_JOB = "00000000-0000-4000-8000-000000000000"
-SCHEMATHESIS_EXAMPLES = 10
+SCHEMATHESIS_EXAMPLES = 20
 
 
 @pytest.fixture(scope="module")

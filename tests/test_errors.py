@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from api.events import StreamsFull
 from autotune.cli.app import exit_code
 from autotune.client import ApiError, RequestRejected
 from autotune.load import NoTunedPreset
@@ -44,6 +45,7 @@ SAMPLES: list[AutotuneError] = [
     StorageError("add_trial failed: OperationalError: database is locked"),
     NotFound("job 'abc' not found"),
     Conflict("job 'abc' is already succeeded"),
+    StreamsFull("1000 event streams are open, the most this controller serves"),
     ApiError(503, [{"field": "database", "rule": "is unavailable"}]),
     RequestRejected(422, ITEMS),
 ]

@@ -2,8 +2,8 @@
 
 It tells the truth about writes: a read-only database or a full disk still answers reads, so the probe
 also writes one row (`storage.probe_write`) and answers 503 with ``"status": "degraded"`` and the public
-reason when that fails.  On SQLite a failed write first gives the WAL's space back
-(`storage.reclaim`) and tries once more, which is how a controller recovers once a full disk has room again.
+reason when that fails.  On SQLite a failed write also gives the WAL's space back (`storage.reclaim`), which
+is how a controller recovers once a full disk has room again.
 
 It also says who schedules: whether this process holds the scheduler lease, and who does.  Several
 controller processes answer on one address (replicas, ``serve --workers N``), so ``leading`` describes
@@ -53,16 +53,13 @@ def healthz(request: Request, response: Response, settings: SettingsDep) -> Heal
 
 
 def _write_problem(request: Request, session: Session) -> str | None:
-    """None when a write commits; else the public reason, after giving SQLite's WAL space back once."""
-    try:
-        storage.probe_write(session=session)
-        return None
-    except storage.StorageError as first:
-        request.app.state.outage_log.warning("health", "writes fail: %s", first)
-        if not storage.reclaim(engine=request.app.state.engine):
-            return f"writes fail: {storage.public_reason(first)}"
+    """None when a write commits; else the public reason.  A failed write also gives SQLite's WAL space back
+    (`storage.reclaim`) for the writes that follow; this answer still says it failed, the next probe says
+    whether writing works again."""
     try:
         storage.probe_write(session=session)
         return None
     except storage.StorageError as e:
+        request.app.state.outage_log.warning("health", "writes fail: %s", e)
+        storage.reclaim(engine=request.app.state.engine)
         return f"writes fail: {storage.public_reason(e)}"

@@ -134,15 +134,18 @@ def report(
         metrics.observe_trial(trial)
         return TrialPublicState(id=trial.id, state=trial.state.value)
     measurements = body.measurements or []
-    expected = len(proposal_of(storage.get_trial(session=session, trial_id=trial_id)).configs)
+    trial = storage.get_trial(session=session, trial_id=trial_id)
+    expected = len(proposal_of(trial).configs)
     if len(measurements) != expected:
         raise InputError(
             "measurements", f"must hold one measurement per proposed config ({expected})", len(measurements)
         )
     dumped = [m.model_dump(exclude_unset=True) for m in measurements]
+    study = storage.get_layer_study(session=session, study_id=trial.study_id)
+    backend = storage.get_job(session=session, job_id=study.job_id).backend.value
     for index, data in enumerate(dumped):
         try:
-            check_physical(data)
+            check_physical(data, backend=backend)
         except InputError as e:
             raise InputError(f"measurements.{index}.{e.field}", e.rule, e.value) from None
     trial = storage.complete_trial(
