@@ -2,8 +2,8 @@
 
 A preset is one of:
 
-- our own format (the overall winners, runtime configs as measured on our runtime): `_ours`, the one function
-  that plugs it in;
+- our own format (`search_spaces.ours`: the overall winners, runtime configs as measured on our runtime), run
+  as they are, for the one shape it was tuned for;
 - any preset file TE reads (`preset_files.read_preset`: NeMo/Megatron YAML, TE's ``ub_cfgs`` JSON, a
   Megatron-Bridge module), a ``ub_cfgs`` mapping, or a `Preset`: TE's effective entries, each turned into the
   runtime config that runs it on the backend (`defaults.as_runnable`).
@@ -15,17 +15,20 @@ nearest preset, made for another shape), TE's default for the slot, with the rea
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overlap_runtime.config import DeviceLimits, OverlapConfig
+from overlap_runtime.config import DeviceLimits, OverlapConfig, check_config
 from overlap_runtime.errors import ConfigError, InputError
 from overlap_runtime.layers import TransformerOverlap
-from overlap_runtime.shape import EXTERNAL_SLOTS, ModelShape, Slot
+from overlap_runtime.shape import EXTERNAL_SLOTS, ModelShape, Slot, slot_gemm
 from search_spaces.catalog import tunable_slots
 from search_spaces.defaults import as_runnable, te_default
+from search_spaces.ours import FORMAT, OursPreset, load_ours
 from search_spaces.preset_files import read_preset
 from search_spaces.presets import Preset
 from search_spaces.te_dict import parse_ub_cfgs
@@ -62,7 +65,7 @@ def slot_configs(
     strict: bool = True,
 ) -> SlotConfigs:
     """Every slot the preset configures, as a runtime config for ``shape`` (module docstring)."""
-    ours = _ours(source)
+    ours = _ours(source, shape, backend=backend, limits=limits)
     if ours is not None:
         return SlotConfigs(configs=dict(ours))
     return _runnable(_te_preset(source), shape, backend=backend, limits=limits, strict=strict)
@@ -74,11 +77,39 @@ def te_defaults(shape: ModelShape, *, backend: str, limits: DeviceLimits | None 
     return TransformerOverlap.from_slots(slots)
 
 
-def _ours(source: str | Path | Mapping[Any, Any] | Preset) -> Mapping[Slot, OverlapConfig] | None:
-    """Our own preset format (the overall winners, runtime configs as measured, run as they are): not defined in
-    this version (the exporter of our runtime's winners defines it).  Its reader goes here and answers None for
-    any other format."""
-    return None
+def _ours(
+    source: str | Path | Mapping[Any, Any] | Preset | OursPreset,
+    shape: ModelShape,
+    *,
+    backend: str,
+    limits: DeviceLimits | None,
+) -> Mapping[Slot, OverlapConfig] | None:
+    """Our own format's winners, run as measured (`search_spaces.ours`), each checked against the backend's
+    rules; None for a source in another format.  The format is for one shape, so another shape is refused."""
+    ours = _read_ours(source)
+    if ours is None:
+        return None
+    if ours.shape.key != shape.key:
+        raise InputError("shape", f"must be the shape the preset was tuned for, {ours.shape.key}", shape.key)
+    configs = {slot: entry.config for slot, entry in ours.slots.items() if slot not in EXTERNAL_SLOTS}
+    for slot, config in configs.items():
+        try:
+            check_config(config, slot_gemm(shape, slot), backend=backend, limits=limits)
+        except ConfigError as e:
+            raise InputError(f"{slot.value}.{e.field}", f"cannot run on {backend}: {e.rule}", e.value) from None
+    return configs
+
+
+def _read_ours(source: str | Path | Mapping[Any, Any] | Preset | OursPreset) -> OursPreset | None:
+    if isinstance(source, OursPreset):
+        return source
+    if isinstance(source, Mapping):
+        return load_ours(json.dumps(source)) if source.get("format") == FORMAT else None
+    if isinstance(source, Preset) or Path(source).suffix not in (".yaml", ".yml", ".json"):
+        return None
+    text = Path(source).read_text(encoding="utf-8")
+    # Our files say which format they are in their first key; any other file is one of TE's formats.
+    return load_ours(text) if re.search(rf"^\W*format\W*:\s*\W*{FORMAT}\b", text, re.MULTILINE) else None
 
 
 def _te_preset(source: str | Path | Mapping[Any, Any] | Preset) -> Preset:

@@ -14,6 +14,7 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.layers import NO_OVERLAP, TransformerOverlap
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.layer_configs import layer_configs_from_preset, slot_configs
+from search_spaces.ours import OursPreset, OursSlot, write_ours
 from search_spaces.registry import nearest
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
@@ -90,6 +91,29 @@ def test_a_preset_becomes_the_layers_configs_and_leaves_the_rest_without_overlap
     # the JSON that `autotune tune` writes beside the YAML holds the entries under ub_cfgs
     assert layer_configs_from_preset({"ub_cfgs": data}, shape, backend="cpu") == layers
     assert TransformerOverlap.from_slots(layers.slots()) == layers
+
+
+def test_our_own_format_runs_its_winners_as_measured_for_its_shape_only(tmp_path: Path) -> None:
+    """`export --format ours` files: each winner as measured, checked against the backend (a stream count is
+    a GPU knob, refused on the CPU by name), and refused for another shape."""
+    shape = ModelShape(hidden=64, tp=2, seq=32, ffn_hidden=128)
+    pipeline = OverlapConfig(method=Method.PIPELINE, num_splits=2)
+    measured = {"overlap_ms": 1.0, "serial_ms": 1.5, "gemm_ms": 0.9, "comm_ms": 0.5, "exposed_ms": 0.1}
+    measured |= {"hidden_frac": 0.8, "cv": 0.01, "repeats": 5}
+    slots = {Slot.PROJ_FPROP: OursSlot(config=pipeline, measured=measured)}
+    path = tmp_path / "ours.yaml"
+    path.write_text(write_ours(OursPreset(shape=shape, gpu="cpu", slots=slots)))
+    layers = layer_configs_from_preset(path, shape, backend="cpu")
+    assert layers.proj.fprop == pipeline and layers.fc1.dgrad == NO_OVERLAP
+    with pytest.raises(InputError) as err:
+        layer_configs_from_preset(path, ModelShape(hidden=128, tp=2, seq=32, ffn_hidden=256), backend="cpu")
+    assert err.value.field == "shape"
+    streams = OverlapConfig(method=Method.RING_EXCHANGE, num_max_streams=1)
+    gpu = {Slot.QKV_FPROP: OursSlot(config=streams, measured=measured)}
+    path.write_text(write_ours(OursPreset(shape=shape, gpu="NVIDIA H200", slots=gpu)))
+    with pytest.raises(InputError) as err:
+        layer_configs_from_preset(path, shape, backend="cpu")
+    assert err.value.field == "qkv_fprop.num_max_streams"
 
 
 def test_nvidias_nearest_preset_falls_back_to_te_defaults_where_it_cannot_run() -> None:
