@@ -235,17 +235,31 @@ class _ParallelLinear(nn.Module):
         pass
 
 
+def _fprop(
+    ctx: Any,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    layer: Any,
+    *,
+    tokens: int,
+    out_rows: int,
+) -> torch.Tensor:
+    """The forward of either layer: its fprop slot's overlapped GEMM over ``tokens`` into ``out_rows`` rows."""
+    c, g = layer.context, layer.gemms(tokens)
+    x = x.contiguous()
+    out = torch.empty(out_rows, weight.shape[0], dtype=x.dtype, device=x.device)
+    c.run(c.operands(g["fprop"].gemm, x, weight.t(), out), g["fprop"].plan)
+    ctx.save_for_backward(x, weight)
+    ctx.layer, ctx.has_bias = layer, bias is not None
+    return out if bias is None else out + bias
+
+
 class _ColumnFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any) -> torch.Tensor:
-        tp, c = layer.tp, layer.context
-        g = layer.gemms(x.shape[0] * tp)
-        x = x.contiguous()
-        out = torch.empty(x.shape[0] * tp, weight.shape[0], dtype=x.dtype, device=x.device)
-        c.run(c.operands(g["fprop"].gemm, x, weight.t(), out), g["fprop"].plan)
-        ctx.save_for_backward(x, weight)
-        ctx.layer, ctx.has_bias = layer, bias is not None
-        return out if bias is None else out + bias
+        # The local shard all-gathered into the GEMM: tp times its rows in the output.
+        return _fprop(ctx, x, weight, bias, layer, tokens=x.shape[0] * layer.tp, out_rows=x.shape[0] * layer.tp)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -282,14 +296,8 @@ class _ColumnFn(torch.autograd.Function):
 class _RowFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any) -> torch.Tensor:
-        c, tokens = layer.context, x.shape[0]
-        g = layer.gemms(tokens)
-        x = x.contiguous()
-        out = torch.empty(tokens // layer.tp, weight.shape[0], dtype=x.dtype, device=x.device)
-        c.run(c.operands(g["fprop"].gemm, x, weight.t(), out), g["fprop"].plan)
-        ctx.save_for_backward(x, weight)
-        ctx.layer, ctx.has_bias = layer, bias is not None
-        return out if bias is None else out + bias
+        # The whole sequence in, its reduce-scattered share out.
+        return _fprop(ctx, x, weight, bias, layer, tokens=x.shape[0], out_rows=x.shape[0] // layer.tp)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
