@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,18 @@ def load(url: str, *, procs: int, cpus: list[int], **options: Any) -> tuple[dict
     return stats, [round(part.cpu_s / part.wall_s, 3) for part in parts]
 
 
+def machine(load_average: Sequence[float], plan: CpuPlan, packages: Sequence[str]) -> dict[str, Any]:
+    """What a load figure depends on besides the code: cores, how busy they were, the pinning, the versions."""
+    return {
+        "cpus": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_average],
+        "pinning": {"server": plan.server, "load": plan.load},
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        **{name: _version(name) for name in packages},
+    }
+
+
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
@@ -429,14 +442,7 @@ def main() -> None:
     report = {
         "benchmark": "GET /v1/best over many shapes, cached and uncached, vs a bare FastAPI endpoint, closed loop on loopback",
         "source": source(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_average_before": [round(x, 2) for x in load_average],
-            "pinning": {"server": plan.server, "load": plan.load},
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            **{name: _version(name) for name in ("fastapi", "uvicorn", "uvloop", "httptools", "sqlalchemy")},
-        },
+        "machine": machine(load_average, plan, ("fastapi", "uvicorn", "uvloop", "httptools", "sqlalchemy")),
         "config": {
             "concurrency": args.concurrency,
             "duration_s": args.duration,

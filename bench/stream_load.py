@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -38,7 +37,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.environment import environment
-from bench.service_load import TOKEN, _version, plan_cpus, query, seed_best_configs, serve, shapes
+from bench.service_load import TOKEN, machine, plan_cpus, query, seed_best_configs, serve, shapes
 
 HEALTH_EVERY_S = 0.1
 TARGET_HEALTH_P99_MS = 100.0
@@ -247,14 +246,7 @@ def main() -> None:
     report = {
         "benchmark": "event-stream flood: open /v1/jobs/{id}/events streams plus closed-loop /v1/best clients, /healthz sampled, one controller on loopback",
         "environment": environment(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_average_before": [round(x, 2) for x in load_average],
-            "pinning": {"server": plan.server, "load": plan.load},
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            **{name: _version(name) for name in ("fastapi", "uvicorn", "sqlalchemy")},
-        },
+        "machine": machine(load_average, plan, ("fastapi", "uvicorn", "sqlalchemy")),
         "config": {k: v for k, v in vars(args).items() if k != "out"} | {"health_every_s": HEALTH_EVERY_S},
         "elapsed_s": round(elapsed, 2),
         "healthz": health,
