@@ -244,7 +244,7 @@ class LoadPart:
     wall_s: float = 0.0
 
 
-async def _clients(
+async def closed_loop(
     url: str,
     *,
     queries: list[dict[str, Any]],
@@ -315,14 +315,14 @@ async def _clients(
 def _load_process(cpu: int, barrier: Any, results: Any, url: str, options: dict[str, Any]) -> None:
     """One load-generator process of several: pinned to ``cpu``, its part of the clients, its part back."""
     _pin([cpu])()
-    results.put(asyncio.run(_clients(url, barrier=barrier, **options)))
+    results.put(asyncio.run(closed_loop(url, barrier=barrier, **options)))
 
 
 def load(url: str, *, procs: int, cpus: list[int], **options: Any) -> tuple[dict[str, Any], list[float]]:
     """Closed-loop load from ``procs`` processes sharing ``options["concurrency"]`` clients: the statistics,
     and how busy each load process was (CPU seconds per second)."""
     if procs == 1:
-        parts = [asyncio.run(_clients(url, **options))]
+        parts = [asyncio.run(closed_loop(url, **options))]
     else:
         context = multiprocessing.get_context("spawn")
         barrier, results = context.Barrier(procs), context.Queue()
