@@ -15,6 +15,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
 import storage
@@ -24,6 +25,11 @@ from api.settings import Settings
 from search_spaces import PresetRegistry
 
 bearer = HTTPBearer(auto_error=False, description="The controller's token (AUTOTUNE_TOKEN)")
+registration_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="WorkerToken",
+    description="The controller's worker token (AUTOTUNE_WORKER_TOKEN); its token (AUTOTUNE_TOKEN) where it has none",
+)
 worker_bearer = HTTPBearer(
     auto_error=False, scheme_name="WorkerSecret", description="The worker's own secret, from its registration"
 )
@@ -78,13 +84,46 @@ async def require_token(
     """Let the request through with the right bearer token, or when the controller runs without one (--no-auth)."""
     if settings.token is None:
         return
-    if credentials is None:
-        rule = "is required: send 'Authorization: Bearer <token>' (the controller's AUTOTUNE_TOKEN)"
-    elif not secrets.compare_digest(credentials.credentials.encode(), settings.token.get_secret_value().encode()):
-        rule = "bearer token does not match the controller's token"
-    else:
+    rule = _bearer_rule(credentials, settings.token, "the controller's token", "AUTOTUNE_TOKEN")
+    if rule is not None:
+        raise _unauthorized(rule)
+
+
+async def require_registration(
+    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(registration_bearer)]
+) -> None:
+    """Let a worker registration through with the controller's worker token, or, where it has none, with the
+    clients' token (`require_token`).
+
+    Registering is what lets a process claim any job's trials and report on them, so with a worker token set
+    the clients' token, shared by every user, is refused here; and the worker token passes no client write,
+    as `Settings.check_auth` keeps the two different.
+    """
+    if settings.worker_token is None:
+        await require_token(settings, credentials)
         return
+    rule = _bearer_rule(credentials, settings.worker_token, "the controller's worker token", "AUTOTUNE_WORKER_TOKEN")
+    if rule is None:
+        return
+    if credentials is not None and settings.token is not None and _matches(credentials, settings.token):
+        rule = "is the clients' token, which does not register workers: send the worker token (AUTOTUNE_WORKER_TOKEN)"
     raise _unauthorized(rule)
+
+
+def _bearer_rule(
+    credentials: HTTPAuthorizationCredentials | None, expected: SecretStr, name: str, variable: str
+) -> str | None:
+    """None when ``credentials`` carry ``expected``; otherwise the rule they broke, for the 401."""
+    if credentials is None:
+        return f"is required: send 'Authorization: Bearer <token>' ({name}, {variable})"
+    if not _matches(credentials, expected):
+        return f"bearer token does not match {name}"
+    return None
+
+
+def _matches(credentials: HTTPAuthorizationCredentials, expected: SecretStr) -> bool:
+    """Compared in constant time: how long the answer takes tells nothing of how much of the token was right."""
+    return secrets.compare_digest(credentials.credentials.encode(), expected.get_secret_value().encode())
 
 
 def require_worker(
@@ -116,6 +155,8 @@ def _unauthorized(rule: str) -> HTTPException:
 
 Authorized = Depends(require_token)
 """Put in a route's ``dependencies=[...]`` for writes (the clients' token)."""
+Registration = Depends(require_registration)
+"""Put in the worker registration's ``dependencies=[...]`` (the worker token, or the clients' where there is none)."""
 WorkerId = Annotated[str, Depends(require_worker)]
 """A worker call's worker id, authenticated by that worker's secret."""
 LeaseNonce = Annotated[

@@ -38,8 +38,9 @@ COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 API_DESCRIPTION = """Measures TransformerEngine TP comm-GEMM overlap configs on your GPUs and returns the winners.
 
-Writes need `Authorization: Bearer <token>` (the controller's `AUTOTUNE_TOKEN`); a worker's own calls send
-the secret its registration returned instead, and a lease's calls its `X-Lease-Nonce`.
+Writes need `Authorization: Bearer <token>` (the controller's `AUTOTUNE_TOKEN`).  A worker registers with
+the controller's worker token (`AUTOTUNE_WORKER_TOKEN`; the clients' token where none is set), its own
+calls send the secret its registration returned instead, and a lease's calls its `X-Lease-Nonce`.
 Every 4xx answers `{"detail": [{"field", "rule", "value"}]}`."""
 
 

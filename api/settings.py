@@ -1,15 +1,17 @@
 """The controller's one configuration object; the environment is read here and nowhere else.
 
 Every field can come from an ``AUTOTUNE_*`` environment variable (``AUTOTUNE_TOKEN``, ``AUTOTUNE_DB_URL``, ...)
-or from the `autotune serve` flags, which win over the environment.  `check_auth` holds the one security
-rule: a controller without a token is only allowed when asked for explicitly and bound to loopback, so a
-forgotten token never leaves a tuning service open on the network.  `check_scheduler` keeps the scheduler
-lease longer than a few scheduler passes.
+or from the `autotune serve` flags, which win over the environment.  `check_auth` holds the security
+rules: a controller without a token is only allowed when asked for explicitly and bound to loopback, so a
+forgotten token never leaves a tuning service open on the network; and a worker token, when there is one,
+is a credential of its own, never the clients' token.  `check_scheduler` keeps the scheduler lease longer
+than a few scheduler passes.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import secrets
 from typing import Literal
 
 from pydantic import Field, SecretStr
@@ -30,7 +32,13 @@ class Settings(BaseSettings):
     db_url: str | None = None
     """``sqlite:///PATH`` or ``postgresql+psycopg://user@host/db``; None is the per-user SQLite file."""
     token: SecretStr | None = None
-    """Bearer token for writes and workers (``AUTOTUNE_TOKEN``)."""
+    """Bearer token for the clients' writes (``AUTOTUNE_TOKEN``); also for worker registration when
+    `worker_token` is None."""
+    worker_token: SecretStr | None = None
+    """Bearer token for worker registration only (``AUTOTUNE_WORKER_TOKEN``).  The clients' token is shared by
+    every user, and whoever may register a worker may claim any job's trials and report on them; set, it
+    keeps that power from the clients' token, and it grants no client write itself.  None: registration takes
+    `token`, the single-token setup of one user's machine."""
     no_auth: bool = False
     """Serve without a token; only allowed on a loopback bind."""
     default_backend: Literal["cpu", "cuda", "te"] = "cuda"
@@ -57,7 +65,9 @@ class Settings(BaseSettings):
     """Waiting trials kept per slot beyond those running, so a free worker never waits for an ask."""
 
     def check_auth(self) -> None:
-        """Raise `InputError` unless the controller has a token, or runs without one on loopback by request."""
+        """Raise `InputError` unless the controller has a token, or runs without one on loopback by request, and
+        unless its worker token, if it has one, is neither empty nor the clients' token (which would make the
+        two credentials one)."""
         if self.token is not None and not self.token.get_secret_value():
             raise InputError("token", "must not be empty")
         if self.token is None and not self.no_auth:
@@ -68,6 +78,18 @@ class Settings(BaseSettings):
         if self.no_auth and not is_loopback(self.host):
             raise InputError(
                 "host", "must be a loopback address (127.0.0.1, ::1, localhost) when running with --no-auth", self.host
+            )
+        if self.worker_token is None:
+            return
+        worker_token = self.worker_token.get_secret_value()
+        if not worker_token:
+            raise InputError("worker_token", "must not be empty (unset AUTOTUNE_WORKER_TOKEN to register with token)")
+        if self.token is not None and secrets.compare_digest(
+            worker_token.encode(), self.token.get_secret_value().encode()
+        ):
+            raise InputError(
+                "worker_token",
+                "must differ from token: the clients' token must not register workers, nor this one write",
             )
 
     def check_scheduler(self) -> None:

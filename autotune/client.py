@@ -196,8 +196,9 @@ class Client:
         return _WORKERS.validate_json(self._send("GET", "/v1/workers").content)
 
     # -- workers ------------------------------------------------------------------------------------
-    # Registration takes the clients' token; every later call speaks for one worker with the secret its
-    # registration returned (`WorkerCreated.secret`), and a lease's calls repeat its claim's nonce.
+    # Registration sends this client's ``token``: the controller's worker token, or its clients' token where it
+    # has none.  Every later call speaks for one worker with the secret its registration returned
+    # (`WorkerCreated.secret`), and a lease's calls repeat its claim's nonce.
 
     def register(self, body: Mapping[str, Any]) -> WorkerCreated:
         """Register a worker (``body`` as `api.schemas.WorkerCreate`, validated by the controller); the answer

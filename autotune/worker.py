@@ -1,8 +1,9 @@
 """The worker loop: register, heartbeat, claim a trial, measure it on the local TP group, report, repeat.
 
 A worker holds no database credentials and no tuner state: it asks the controller for work over REST.  It
-registers with the clients' token and from then on speaks with the secret its registration returned; each
-renewal and result also repeats its claim's lease nonce (docs/rest.md, Workers).
+registers with the controller's worker token (the clients' token where the controller has none) and from
+then on speaks with the secret its registration returned; each renewal and result also repeats its claim's
+lease nonce (docs/rest.md, Workers).
 While it measures, a background thread renews the trial's lease every third of the lease, so a long trial
 on a healthy worker is never taken away, while a worker that dies (kill -9, a lost node) stops renewing and
 its trial goes back to the queue once the lease runs out.  A failing config is reported as a failed trial
@@ -222,6 +223,7 @@ class _LeaseRenewer:
 
 
 def run_worker(*, controller: str, token: str | None, options: WorkerOptions) -> None:
-    """The `autotune worker` command's body: one client, one loop, until interrupted."""
+    """The `autotune worker` command's body: one client, one loop, until interrupted; ``token`` is what it
+    registers with (the worker token, or the clients' token for a controller without one)."""
     with Client(controller, token=token) as client:
         WorkerLoop(client=client, options=options).run()

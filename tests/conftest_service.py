@@ -31,6 +31,8 @@ from autotune.client import Client
 pytest_plugins = ("conftest_storage",)  # sqlite_url / postgres_url for the tests that load this one
 
 TOKEN = "test-token"
+WORKER_TOKEN = "test-worker-token"
+"""What `worker_token_service` registers workers with (``--worker-token``)."""
 FAST_ENV = {
     "AUTOTUNE_LEASE_S": "3",
     "AUTOTUNE_HEARTBEAT_TIMEOUT_S": "5",
@@ -103,8 +105,11 @@ class Service:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = TOKEN
+        self.worker_token = WORKER_TOKEN
+        """Only a controller started with ``--worker-token`` takes it (`worker_token_service`)."""
         self.env = {**os.environ, **FAST_ENV, "XDG_DATA_HOME": str(tmp / "data"), **(env or {})}
-        self.env.pop("AUTOTUNE_TOKEN", None)
+        for name in ("AUTOTUNE_TOKEN", "AUTOTUNE_WORKER_TOKEN"):
+            self.env.pop(name, None)
         self.controller: Proc | None = None
         self.workers: list[Proc] = []
 
@@ -114,9 +119,10 @@ class Service:
         self.controller = Proc(args, env=self.env, log=self.tmp / "controller.log")
         wait_until(self._healthy, timeout_s=START_TIMEOUT_S, what=f"the controller at {self.url}")
 
-    def start_worker(self, *, extra: list[str] = ()) -> Proc:
+    def start_worker(self, *, extra: list[str] = (), auth: tuple[str, ...] = ("--token", TOKEN)) -> Proc:
+        """A CPU worker; ``auth``: the flags it registers with (the clients' token unless told otherwise)."""
         index = len(self.workers)
-        args = ["worker", "--controller", self.url, "--backend", "cpu", "--token", TOKEN, "--name", f"w{index}"]
+        args = ["worker", "--controller", self.url, "--backend", "cpu", *auth, "--name", f"w{index}"]
         args += ["--poll-s", "0.2", "--heartbeat-s", "1", "--log-level", "warning", *extra]
         worker = Proc(args, env=self.env, log=self.tmp / f"worker{index}.log")
         self.workers.append(worker)
@@ -186,6 +192,16 @@ def idle_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     tmp = tmp_path_factory.mktemp("idle")
     service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
     service.start_controller()
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def worker_token_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A controller with a worker token of its own (clients and workers hold different credentials), no workers."""
+    tmp = tmp_path_factory.mktemp("worker_token")
+    service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
+    service.start_controller(extra=["--worker-token", WORKER_TOKEN])
     yield service
     service.stop()
 

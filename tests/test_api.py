@@ -389,9 +389,12 @@ def test_a_scheduler_lease_shorter_than_a_few_passes_is_refused() -> None:
 
 def test_settings_survive_the_trip_through_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """How `serve --workers N` configures its API processes: what one process set, the others read back."""
-    settings = Settings(db_url="sqlite:////tmp/x.db", token="s3cret", no_auth=False, port=8123, leader_ttl_s=7.5)
+    settings = Settings(
+        db_url="sqlite:////tmp/x.db", token="s3cret", worker_token="w0rker", no_auth=False, port=8123, leader_ttl_s=7.5
+    )
     env = settings.to_environment()
-    assert env["AUTOTUNE_TOKEN"] == "s3cret" and env["AUTOTUNE_SCHEDULER"] == "true"
+    assert env["AUTOTUNE_TOKEN"] == "s3cret" and env["AUTOTUNE_WORKER_TOKEN"] == "w0rker"
+    assert env["AUTOTUNE_SCHEDULER"] == "true"
     for name in [n for n in os.environ if n.startswith("AUTOTUNE_")]:
         monkeypatch.delenv(name)
     for name, value in env.items():

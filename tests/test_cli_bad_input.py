@@ -40,6 +40,8 @@ def _env(tmp: Path) -> dict[str, str]:
         (["serve", "--no-auth", "--db", "postgresql+psycopg2://u@h/d"], {}, "error: db_url: needs the driver psycopg2"),
         (["serve", "--no-auth", "--port", "70000"], {}, "error: port: Input should be less than or equal to 65535"),
         (["serve", "--no-auth"], {"AUTOTUNE_LEASE_S": "-1"}, "error: lease_s: Input should be greater than 0"),
+        (["serve", "--token", "t", "--worker-token", ""], {}, "error: worker_token: must not be empty"),
+        (["serve", "--token", "t"], {"AUTOTUNE_WORKER_TOKEN": "t"}, "error: worker_token: must differ from token"),
         (["status", "x", "--controller", "notaurl"], {}, "error: controller: must be an http:// or https:// URL"),
         (["worker", "--controller", "notaurl", "--backend", "cpu"], {}, "error: controller: must be an http://"),
         (["worker", "--backend", "cpu"], {"AUTOTUNE_CONTROLLER": "ftp://h"}, "error: controller: must be an http://"),

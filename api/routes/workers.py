@@ -1,14 +1,15 @@
 """Workers: register with a GPU inventory, heartbeat, claim a trial under a lease, renew it, report back.
 
-Workers hold no database credentials.  They register with the clients' token and get a secret of their own
-in the answer; every later call of that worker carries the secret (`api.deps.require_worker`), so neither
-the shared token nor a worker id read from ``GET /v1/workers`` lets anyone speak for a worker.  A claim is
-atomic in storage (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, a single ``UPDATE ... RETURNING`` on SQLite),
-so two workers never get the same trial, and it hands out a nonce for that lease.  A renewal or result is
-accepted only from the worker that holds the lease, with the lease's nonce, while the lease is live: once
-it has run out the controller may have asked the config again, and a late result must not count twice.  A
-result is checked against physics before it is stored (`check_physical`): a time no GPU could produce is a
-422, never a best config.
+Workers hold no database credentials.  They register with the controller's worker token (the clients' token
+where it has none: `api.deps.require_registration`) and get a secret of their own in the answer; every later
+call of that worker carries the secret (`api.deps.require_worker`), so neither the shared token nor a worker
+id read from ``GET /v1/workers`` lets anyone speak for a worker.  A claim is atomic in storage
+(``FOR UPDATE SKIP LOCKED`` on PostgreSQL, a single ``UPDATE ... RETURNING`` on SQLite), so two workers never
+get the same trial, and it hands out a nonce for that lease.  A renewal or result is accepted only from the
+worker that holds the lease, with the lease's nonce, while the lease is live: once it has run out the
+controller may have asked the config again, and a late result must not count twice.  A result is checked
+against physics before it is stored (`check_physical`): a time no GPU could produce is a 422, never a best
+config.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response, status
 
 import storage
-from api.deps import Authorized, LeaseNonce, MetricsDep, SessionDep, SettingsDep, WorkerId
+from api.deps import LeaseNonce, MetricsDep, Registration, SessionDep, SettingsDep, WorkerId
 from api.schemas import (
     ClaimPublic,
     ErrorPublic,
@@ -52,7 +53,7 @@ def list_workers(session: SessionDep) -> list[WorkerPublic]:
     return [WorkerPublic.model_validate(w) for w in storage.list_workers(session=session)]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Authorized], responses=ERRORS)
+@router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Registration], responses=ERRORS)
 def register_worker(body: WorkerCreate, session: SessionDep) -> WorkerCreated:
     """Register a worker process; a restarted worker registers again and gets a new id.  The answer holds the
     worker's ``secret``, shown this once: the worker's own calls authenticate with it."""

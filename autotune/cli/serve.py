@@ -1,10 +1,10 @@
 """`autotune serve`: the controller (REST API, dashboard, scheduler), optionally with a worker of its own.
 
 ``autotune serve --local-worker --backend cpu`` is the whole service in one command on the default SQLite
-database: the controller, plus one worker process on the local GPUs or the CPU backend that it hands its
-token to.  Without ``--token``/``AUTOTUNE_TOKEN`` the controller uses (and on first start creates) the
-token file of `autotune.cli.local_token`, so it is never open by accident; ``--no-auth`` runs it open, on a
-loopback bind only.
+database: the controller, plus one worker process on the local GPUs or the CPU backend that it hands what
+it registers with (``--worker-token`` if given, else the token).  Without ``--token``/``AUTOTUNE_TOKEN`` the
+controller uses (and on first start creates) the token file of `autotune.cli.local_token`, so it is never
+open by accident; ``--no-auth`` runs it open, on a loopback bind only.
 
 ``--workers N`` serves the API from N uvicorn processes (one core each at most: Python runs one request at
 a time per process).  This command then exports its settings as ``AUTOTUNE_*`` variables (the token too: the
@@ -59,7 +59,16 @@ def serve(
     backend: Annotated[
         str | None, typer.Option(help="Local worker's backend: cpu | cuda | te (default: cuda if GPUs)")
     ] = None,
-    token: Annotated[str | None, typer.Option(help="Bearer token for writes and workers (or AUTOTUNE_TOKEN)")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(help="Bearer token for writes, and for workers without --worker-token (or AUTOTUNE_TOKEN)"),
+    ] = None,
+    worker_token: Annotated[
+        str | None,
+        typer.Option(
+            help="Bearer token for worker registration only, refusing --token there (or AUTOTUNE_WORKER_TOKEN)"
+        ),
+    ] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="No token at all; loopback bind only")] = False,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
     workers: Annotated[
@@ -74,7 +83,7 @@ def serve(
     """Run the controller: REST API under /v1, OpenAPI at /docs, dashboard at /."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per study and trial would drown the log
-    overrides: dict[str, Any] = {"db_url": db, "host": host, "port": port, "token": token}
+    overrides: dict[str, Any] = {"db_url": db, "host": host, "port": port, "token": token, "worker_token": worker_token}
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if no_auth:
         overrides["no_auth"] = True
@@ -157,8 +166,13 @@ def _log_config(level: str) -> dict[str, Any]:
 def _local_worker(settings: Settings, backend: str | None) -> Iterator[None]:
     """A worker process for this controller, stopped with it; it waits for the controller to come up."""
     env = dict(os.environ)
-    if settings.token is not None:
-        env["AUTOTUNE_TOKEN"] = settings.token.get_secret_value()  # the environment, not argv: ps shows argv
+    # The environment, not argv: ps shows argv.  With a worker token the worker gets that one only: it
+    # registers with it, and needs no client write.
+    if settings.worker_token is not None:
+        env.pop("AUTOTUNE_TOKEN", None)
+        env["AUTOTUNE_WORKER_TOKEN"] = settings.worker_token.get_secret_value()
+    elif settings.token is not None:
+        env["AUTOTUNE_TOKEN"] = settings.token.get_secret_value()
     command = [sys.executable, "-c", _CLI_MAIN, "worker", "--controller", _url(settings), "--backend", backend or "cpu"]
     command += ["--parent-pid", str(os.getpid())]  # it stops itself should this process die without stopping it
     worker = subprocess.Popen(command, env=env)

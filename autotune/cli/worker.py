@@ -25,7 +25,16 @@ def worker(
         ),
     ],
     backend: Annotated[str | None, typer.Option(help=BACKEND_HELP)] = None,
-    token: Annotated[str | None, typer.Option(envvar="AUTOTUNE_TOKEN", help="The controller's bearer token")] = None,
+    worker_token: Annotated[
+        str | None,
+        typer.Option(envvar="AUTOTUNE_WORKER_TOKEN", help="The controller's worker token, to register with"),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AUTOTUNE_TOKEN", help="The controller's token, to register with where it has no worker token"
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Name on the dashboard (default: host-pid)")] = None,
     poll_s: Annotated[float, typer.Option(min=0.05, help="Pause when there is no work")] = 1.0,
     heartbeat_s: Annotated[float, typer.Option(min=0.1)] = 10.0,
@@ -37,7 +46,11 @@ def worker(
         int | None, typer.Option(hidden=True, help="Exit when this process, the serve that started it, dies")
     ] = None,
 ) -> None:
-    """Register with the controller, then claim, measure and report trials; a failing config never stops it."""
+    """Register with the controller, then claim, measure and report trials; a failing config never stops it.
+
+    It registers with the worker token if given one, else with the clients' token (a controller without a
+    worker token takes that); every later call speaks with the secret the registration returned.
+    """
     backend = backend or default_backend()
     if backend not in BACKENDS:
         raise InputError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
@@ -51,4 +64,4 @@ def worker(
     options = WorkerOptions(
         backend=backend, name=name, poll_s=poll_s, heartbeat_s=heartbeat_s, trial_timeout_s=trial_timeout_s
     )
-    run_worker(controller=controller, token=token or read_token(), options=options)
+    run_worker(controller=controller, token=worker_token or token or read_token(), options=options)
