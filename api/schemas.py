@@ -530,6 +530,9 @@ class HealthPublic(BaseModel):
     leader: str | None
     """Who holds the scheduler lease (``host:pid:random``), None while nobody does."""
     auth: bool
+    """Whether writes need the clients' token (false only under ``--no-auth`` on loopback)."""
+    worker_auth: bool
+    """Whether workers register with a token of their own (``AUTOTUNE_WORKER_TOKEN``), not the clients'."""
 
 
 class ErrorItem(BaseModel):

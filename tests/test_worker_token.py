@@ -58,6 +58,8 @@ def test_with_a_worker_token_it_registers_a_worker_and_the_clients_token_does_no
     )
     assert "AUTOTUNE_WORKER_TOKEN" in refusal(anonymous.post("/v1/workers", json=WORKER))
     assert registered.json()["id"] in [w["id"] for w in anonymous.get("/v1/workers").json()]
+    health = anonymous.get("/healthz").json()
+    assert health["auth"] and health["worker_auth"]
 
 
 def test_the_worker_token_passes_no_client_write(worker_token_service: Service, anonymous: httpx.Client) -> None:
@@ -116,6 +118,8 @@ def test_without_a_worker_token_the_clients_token_registers_workers(idle_service
         assert "does not match the controller's token" in refusal(
             anonymous.post("/v1/workers", json=WORKER, headers=bearer(idle_service.worker_token))
         )
+        health = anonymous.get("/healthz").json()
+        assert health["auth"] and not health["worker_auth"]
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,7 @@ def healthz(request: Request, response: Response, settings: SettingsDep) -> Heal
         leading=loop is not None and holder is not None and holder == loop.scheduler.leadership.holder,
         leader=holder,
         auth=settings.auth_required,
+        worker_auth=settings.worker_token is not None,
     )
 
 
