@@ -248,7 +248,8 @@ def measured() -> tuple[str, list[Claim]]:
         "The fused ring kernels alone, with every flag already set, take ",
         f"{w.value(RING, '/summary/fused_vs_matmul_median', '3x')} that GEMM's time at the median and ",
         f"{w.value(RING, f'/rows/{rs[0]}/fused_vs_matmul', '2x')}-{w.value(RING, f'/rows/{rs[-1]}/fused_vs_matmul', '2x')} ",
-        "on the reduce-scatter of proj_fprop, whose short K loop pays the staging of the partials most ",
+        "on the reduce-scatter of proj_fprop, whose short K loop hides least of the epilogue that adds the ",
+        "partials received (and stages ours) ",
         f"(`python bench/ring_bench.py`, `{RING}`). {age(RING, RUNTIME)}",
     )
     return w.done()

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from overlap_runtime import gemm
 from overlap_runtime.errors import InputError
@@ -95,27 +96,76 @@ def _gather_matmul_kernel(
     CHUNKS: tl.constexpr,
 ):
     pid, grid, whole_tiles, steps = gemm.tile_grid(dims, tail, C, CHUNKS)
-    arrived = 0  # the last ring step whose chunk this program saw arrive (step 0: the local shard)
-    # Not flattened like `gemm.matmul`'s loop: the next tile's first loads would start under this tile's last
-    # MMAs, ahead of the flag wait that must precede them when the next tile is a new chunk's.
-    whole = (0, steps)  # the K steps of a whole tile
-    for tile in tl.range(pid, whole_tiles, C.NUM_SMS):
-        acc, src, off, arrived = _gathered_tile(
-            a, ring, b, scales, ready_ptr, tile, whole, arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
+    chunk_tiles = grid[0] * grid[1]
+    # A loop per chunk, each flattened like `gemm.matmul`'s (the next tile's loads start under this tile's
+    # last MMAs), with the chunk's flag awaited before it: one loop over every chunk cannot be flattened, since
+    # its first loads of a new chunk would start ahead of the wait.  The loops share their shared memory (213 KB
+    # at FP8 128x256x128, as one).  One H200, FP8, flags preset (`bench/ring_bench.py`, 2026-12-02): h4096 s4096
+    # qkv_fprop from 1.047x to 1.021x of torch._scaled_mm's time, h5120 s2048 fc1_fprop from 1.174x to 1.123x.
+    _gathered_rounds(a, b, c, scales, 0, rank, 0, whole_tiles, pid, steps, grid, dims, stride_a, stride_b, stride_c, C)
+    for step in range(1, CHUNKS):
+        src = (rank + CHUNKS - step) % CHUNKS
+        lo = step * chunk_tiles
+        if _first_tile(pid, lo, C.NUM_SMS) < tl.minimum(lo + chunk_tiles, whole_tiles):  # a tile of this chunk
+            wait_at_least(ready_ptr + src, epoch)
+        _gathered_rounds(
+            ring, b, c, scales, src, src, lo, whole_tiles, pid, steps, grid, dims, stride_a, stride_b, stride_c, C
         )
-        _store_gathered(c, acc, src, off, dims, stride_c, C)
     # the last chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
     # `if` of its own, so that kernels without a split tail do not even compile it
     if C.SPLIT_TAIL:  # noqa: SIM102
         if pid < tail[0] * tail[1]:
             t, ks = gemm.tail_part(pid, tail, dims[2], C.BLOCK_K)
             tile = whole_tiles + t
-            acc, src, off, arrived = _gathered_tile(
+            arrived = _last_step(pid, whole_tiles, chunk_tiles, C.NUM_SMS)
+            acc, src, off = _gathered_tile(
                 a, ring, b, scales, ready_ptr, tile, ks, arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
             )
             last, total = gemm.add_parts(scratch, tail, acc, pid, t, C)
             if last:
                 _store_gathered(c, total, src, off, dims, stride_c, C)
+
+
+@triton.jit
+def _first_tile(pid, lo, NUM_SMS: tl.constexpr):
+    """Program ``pid``'s first tile at or after tile ``lo`` of the persistent loop (tiles pid, pid + NUM_SMS, ...)."""
+    return pid + (tl.maximum(lo - pid, 0) + NUM_SMS - 1) // NUM_SMS * NUM_SMS
+
+
+@triton.jit
+def _last_step(pid, whole_tiles, chunk_tiles, NUM_SMS: tl.constexpr):
+    """The ring step of program ``pid``'s last whole tile (0 when it has none): the last chunk it waited for."""
+    last = pid + (whole_tiles - 1 - pid) // NUM_SMS * NUM_SMS
+    return tl.where(pid < whole_tiles, last // chunk_tiles, 0)
+
+
+@triton.jit
+def _gathered_rounds(
+    rows,
+    b,
+    c,
+    scales,
+    chunk,
+    src,
+    lo,
+    whole_tiles,
+    pid,
+    steps,
+    grid,
+    dims,
+    stride_a,
+    stride_b,
+    stride_c,
+    C: tl.constexpr,
+):
+    """This program's whole tiles of the chunk whose tiles start at ``lo`` (numbered over all chunks): chunk
+    ``chunk`` of ``rows`` (a's only one, or the ring's chunk src) times b, into out's chunk ``src``."""
+    hi = tl.minimum(lo + grid[0] * grid[1], whole_tiles)
+    for tile in tl.range(_first_tile(pid, lo, C.NUM_SMS), hi, C.NUM_SMS, flatten=C.TMA):
+        pid_m, pid_n = gemm.tile_position(tile - lo, grid, C.GROUP_M)
+        base, row0 = _chunk_rows(rows, chunk, pid_m * C.BLOCK_M, dims[0], stride_a[0], C.TMA)
+        acc = gemm.partial_product(base, b, (row0, pid_n * C.BLOCK_N), (0, steps), dims, stride_a, stride_b, scales, C)
+        _store_gathered(c, acc, src, (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N), dims, stride_c, C)
 
 
 @triton.jit
@@ -138,21 +188,19 @@ def _gathered_tile(
     CHUNKS: tl.constexpr,
 ):
     """K steps ``ks`` = [k_lo, k_hi) of ``tile`` (numbered over all chunks in ring order: the local shard's tiles
-    first, read from ``a``, then chunk src = rank - step's, read from ``ring`` once it arrived).  Returns
-    (acc, src, off, arrived): ``off`` = the tile's (row, column) offsets in its chunk, ``arrived`` the last
-    ring step this program has waited for."""
+    first, read from ``a``, then chunk src = rank - step's, read from ``ring`` once it arrived; ``arrived`` =
+    the last ring step this program has waited for).  Returns (acc, src, off): ``off`` = the tile's (row,
+    column) offsets in its chunk."""
     step, pid_m, pid_n = _ring_tile(tile, grid, C.GROUP_M)
     src = (rank + CHUNKS - step) % CHUNKS
-    if step > arrived:  # tiles only move forward, so one wait per chunk and program
+    if step > arrived:
         wait_at_least(ready_ptr + src, epoch)
-        arrived = step
     rows = a
     row0 = pid_m * C.BLOCK_M
     if step > 0:
         rows, row0 = _chunk_rows(ring, src, row0, dims[0], stride_a[0], C.TMA)
-    # One K loop for every chunk: two would each hold their own pipeline stages in shared memory.
     acc = gemm.partial_product(rows, b, (row0, pid_n * C.BLOCK_N), ks, dims, stride_a, stride_b, scales, C)
-    return acc, src, (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N), arrived
+    return acc, src, (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
 
 
 @triton.jit
@@ -170,6 +218,7 @@ def _scatter_matmul_kernel(
     c,
     scales,
     exchange,
+    recv_tiles,
     scratch,
     dims,
     stride_a,
@@ -181,18 +230,23 @@ def _scatter_matmul_kernel(
     tail,
     C: tl.constexpr,
     CHUNKS: tl.constexpr,
+    RECV_TMA: tl.constexpr,
 ):
     pid, grid, whole_tiles, steps = gemm.tile_grid(dims, tail, C, CHUNKS)
     arrived = -1  # the last segment of our chunk whose received partials this program saw arrive
     # Not flattened like `gemm.matmul`'s loop, though its loads read only our own inputs: Triton 3.6 cannot
     # flatten a loop whose body branches at run time, and a branch-free version (a loop per epilogue, the
-    # wait in PTX) compiled but ran 2.7-4.5x slower on an H200 (`bench/ring_bench.py`, 2026-11-30).
+    # wait in PTX) compiled but ran 2.7-4.5x slower on an H200 (`bench/ring_bench.py`, 2026-11-30).  Nor do
+    # flattened loops of the other owners' tiles alone pay (2026-12-02): the barrier between a staged tile's
+    # stores and its count took them to 1.9-3.2x torch._scaled_mm's time at FP8, and without it the count
+    # would not release what all threads stored.
     for tile in tl.range(pid, whole_tiles, C.NUM_SMS):
         step, pid_m, pid_n = _ring_tile(tile, grid, C.GROUP_M)
         acc = _owner_tile(a, b, scales, step, pid_m, pid_n, (0, steps), dims, stride_a, stride_b, rank, C, CHUNKS)
         arrived = _finish_scattered(
-            c, exchange, acc, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments, C, CHUNKS
-        )
+            c, exchange, recv_tiles, acc, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments, C, CHUNKS,
+            RECV_TMA,
+        )  # fmt: skip
     # our own chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
     # `if` of its own, so that kernels without a split tail do not even compile it
     if C.SPLIT_TAIL:  # noqa: SIM102
@@ -203,8 +257,9 @@ def _scatter_matmul_kernel(
             last, total = gemm.add_parts(scratch, tail, acc, pid, t, C)
             if last:
                 _finish_scattered(
-                    c, exchange, total, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments, C, CHUNKS
-                )
+                    c, exchange, recv_tiles, total, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments,
+                    C, CHUNKS, RECV_TMA,
+                )  # fmt: skip
 
 
 @triton.jit
@@ -221,6 +276,7 @@ def _owner_tile(
 def _finish_scattered(
     c,
     exchange,
+    recv_tiles,
     acc,
     step,
     pid_m,
@@ -233,6 +289,7 @@ def _finish_scattered(
     segments,
     C: tl.constexpr,
     CHUNKS: tl.constexpr,
+    RECV_TMA: tl.constexpr,
 ):
     """Hand a finished tile ``acc`` of ring step ``step`` on: another owner's partial is staged and counted
     for the copy engine; a tile of our own chunk gets the partials received for its segment added and is
@@ -242,7 +299,9 @@ def _finish_scattered(
     col_tiles).  Segments (`Segment`) are GROUP_M tile rows by ``col_tiles`` tile columns, numbered in the
     grouped tile order (row group by row group, columns left to right within one), so a program meets them
     in rising order; partials keep each one contiguous, row-major at its own width (whole tiles: EVEN_*
-    still hold).
+    still hold).  With ``RECV_TMA`` every segment has the same shape and ``recv_tiles`` is a descriptor of
+    the received partials as [sources * segments, rows, columns] (`_segment_tiles`), else the pointer
+    ``recv``.
     """
     parts_ptr, counts_ptr, recv_ptr, ready_ptr = exchange
     lanes, col_tiles = segments
@@ -273,8 +332,12 @@ def _finish_scattered(
         offs_n = off[1] + tl.arange(0, C.BLOCK_N)
         for d in tl.static_range(1, CHUNKS):
             src = (rank + CHUNKS - d) % CHUNKS
-            part_ptrs = recv_ptr + src * R * N + seg_base + offs_m[:, None] * seg_cols + offs_n[None, :]
-            acc += gemm.load_block(part_ptrs, offs_m < seg_rows, offs_n < seg_cols, C.EVEN_M, C.EVEN_N).to(tl.float32)
+            if RECV_TMA:
+                part = recv_tiles.load([src * seg_count + seg, off[0], off[1]]).reshape(C.BLOCK_M, C.BLOCK_N)
+            else:
+                part_ptrs = recv_ptr + src * R * N + seg_base + offs_m[:, None] * seg_cols + offs_n[None, :]
+                part = gemm.load_block(part_ptrs, offs_m < seg_rows, offs_n < seg_cols, C.EVEN_M, C.EVEN_N)
+            acc += part.to(tl.float32)
         gemm.store_tile(c, (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N), (R, N), stride_c, acc, C, C.TMA)
     return arrived
 
@@ -456,6 +519,7 @@ def scatter_matmul(
     _expect_flags("counts", counts, (chunks - 1) * segments)
     if ready.dtype != torch.int32 or not ready.is_contiguous() or ready.numel() < chunks * segments:
         raise InputError("ready", f"must hold at least {chunks * segments} contiguous int32 flags", tuple(ready.shape))
+    recv_tiles = _segment_tiles(recv, plan) if tma else recv
     _launch(
         _scatter_matmul_kernel,
         {"a": (a, "a"), "b": (b, "b"), "c": (out, "c")},
@@ -468,10 +532,32 @@ def scatter_matmul(
         tma=tma,
         scales=scales,
         exchange=(parts, counts, recv, ready),
+        recv_tiles=recv_tiles,
+        RECV_TMA=recv_tiles is not recv,
         rank=rank,
         epoch=epoch,
         segments=(ready.numel() // chunks, plan.col_tiles),
     )
+
+
+def _segment_tiles(recv: torch.Tensor, plan: ScatterPlan) -> torch.Tensor | TensorDescriptor:
+    """What the kernel reads ``recv`` [P, R, N] through: when every segment of ``plan`` has the same shape
+    (whole row groups, equal column groups), a descriptor of its [BLOCK_M, BLOCK_N] tiles in recv viewed as
+    [P * segments, rows, columns], else ``recv`` itself (pointer loads).  The copy engine then fetches a
+    tile into shared memory in one transfer, where pointer loads went through registers and a shared-memory
+    layout change: on one H200 at FP8 (`bench/ring_bench.py`'s cases, 2026-12-02) h4096 s4096 proj_fprop took
+    1.231x torch._scaled_mm's time instead of 1.249x, h8192 s8192 proj_fprop 1.105x instead of 1.120x, h5120
+    s2048 proj_fprop 1.310x instead of 1.335x (h8192 s4096 proj_fprop, 6-tile column groups of 32 tiles,
+    keeps pointers)."""
+    cfg, first = plan.config, plan.segments[0]
+    shape = (first.row_stop - first.row_start, first.col_stop - first.col_start)
+    uniform = all((s.row_stop - s.row_start, s.col_stop - s.col_start) == shape for s in plan.segments)
+    if not uniform or shape[0] % cfg.block_m or shape[1] % cfg.block_n:
+        return recv
+    view = recv.view(-1, *shape)
+    if not gemm.tma_layout(view):
+        return recv
+    return TensorDescriptor.from_tensor(view, [1, cfg.block_m, cfg.block_n])
 
 
 def _launch(

@@ -92,6 +92,25 @@ def test_scatter_of_fp8_operands_stages_scaled_bf16_partials(
     assert rel_err(out, ref) <= REL_TOL[FP8]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8], ids=["fp32", "bf16", "fp8"])
+@pytest.mark.parametrize(("chunks", "rank"), [(2, 1), (4, 2)])
+def test_scatter_reads_equal_segments_through_a_descriptor(chunks: int, rank: int, dtype: torch.dtype) -> None:
+    """128 rows x 256 columns in 2 x 2 segments of 64 x 128: every segment the same shape, so the received
+    partials are read by TMA tiles of the [sources * segments, 64, 128] view (the plan of `test_scatter_...`
+    above, 130 x 296 or 96 x 296, has ragged segments and reads them through pointers)."""
+    rows, n, k = 128, 256, FP8_K
+    plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=torch.device("cpu"), num_sms=3,
+                                  config=SMALL, col_groups=2)  # fmt: skip
+    recv = torch.empty(chunks, rows, n, dtype=torch.bfloat16 if dtype == FP8 else dtype)
+    assert not isinstance(ring_gemm._segment_tiles(recv, plan), torch.Tensor)
+    ragged = ring_gemm.scatter_plan(96, N, k, chunks=chunks, dtype=dtype, device=torch.device("cpu"), num_sms=3,
+                                    config=SMALL, col_groups=2)  # fmt: skip
+    assert ring_gemm._segment_tiles(recv, ragged) is recv
+    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, n, k), dtype, tma=True, config=SMALL, num_sms=3,
+                           col_groups=2)  # fmt: skip
+    assert rel_err(out, ref) <= REL_TOL[dtype]
+
+
 @pytest.mark.parametrize("kernel", [run_gather, run_scatter], ids=["gather", "scatter"])
 def test_fp8_ring_kernels_scale_each_k_part_of_a_split_tail(kernel: object) -> None:
     out, ref = kernel(ring_gemm, 2, 1, (96, N, 512), FP8, tma=True, config=SPLIT, num_sms=7)
