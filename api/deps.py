@@ -85,8 +85,11 @@ async def require_token(
     if settings.token is None:
         return
     rule = _bearer_rule(credentials, settings.token, "the controller's token", "AUTOTUNE_TOKEN")
-    if rule is not None:
-        raise _unauthorized(rule)
+    if rule is None:
+        return
+    if credentials is not None and settings.worker_token is not None and _matches(credentials, settings.worker_token):
+        rule = "is the worker token, which only registers workers: send the clients' token (AUTOTUNE_TOKEN)"
+    raise _unauthorized(rule)
 
 
 async def require_registration(

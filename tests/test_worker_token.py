@@ -64,7 +64,7 @@ def test_with_a_worker_token_it_registers_a_worker_and_the_clients_token_does_no
 
 def test_the_worker_token_passes_no_client_write(worker_token_service: Service, anonymous: httpx.Client) -> None:
     job: dict[str, Any] = {"shape": SHAPE.as_given(), "backend": "cpu"}
-    assert "does not match the controller's token" in refusal(
+    assert "is the worker token, which only registers workers" in refusal(
         anonymous.post("/v1/jobs", json=job, headers=bearer(worker_token_service.worker_token))
     )
     submitted = anonymous.post("/v1/jobs", json=job, headers=bearer(worker_token_service.token))
