@@ -84,12 +84,11 @@ async def require_token(
     """Let the request through with the right bearer token, or when the controller runs without one (--no-auth)."""
     if settings.token is None:
         return
-    rule = _bearer_rule(credentials, settings.token, "the controller's token", "AUTOTUNE_TOKEN")
-    if rule is None:
-        return
-    if credentials is not None and settings.worker_token is not None and _matches(credentials, settings.worker_token):
-        rule = "is the worker token, which only registers workers: send the clients' token (AUTOTUNE_TOKEN)"
-    raise _unauthorized(rule)
+    _require_bearer(
+        credentials, settings.token, "the controller's token", "AUTOTUNE_TOKEN",
+        other=settings.worker_token,
+        other_rule="is the worker token, which only registers workers: send the clients' token (AUTOTUNE_TOKEN)",
+    )  # fmt: skip
 
 
 async def require_registration(
@@ -105,23 +104,32 @@ async def require_registration(
     if settings.worker_token is None:
         await require_token(settings, credentials)
         return
-    rule = _bearer_rule(credentials, settings.worker_token, "the controller's worker token", "AUTOTUNE_WORKER_TOKEN")
-    if rule is None:
-        return
-    if credentials is not None and settings.token is not None and _matches(credentials, settings.token):
-        rule = "is the clients' token, which does not register workers: send the worker token (AUTOTUNE_WORKER_TOKEN)"
-    raise _unauthorized(rule)
+    _require_bearer(
+        credentials, settings.worker_token, "the controller's worker token", "AUTOTUNE_WORKER_TOKEN",
+        other=settings.token,
+        other_rule="is the clients' token, which does not register workers: send the worker token "
+        "(AUTOTUNE_WORKER_TOKEN)",
+    )  # fmt: skip
 
 
-def _bearer_rule(
-    credentials: HTTPAuthorizationCredentials | None, expected: SecretStr, name: str, variable: str
-) -> str | None:
-    """None when ``credentials`` carry ``expected``; otherwise the rule they broke, for the 401."""
+def _require_bearer(
+    credentials: HTTPAuthorizationCredentials | None,
+    expected: SecretStr,
+    name: str,
+    variable: str,
+    *,
+    other: SecretStr | None,
+    other_rule: str,
+) -> None:
+    """Return when ``credentials`` carry ``expected``; else raise the 401 with the rule they broke, which is
+    ``other_rule`` when they carry the controller's other credential ``other`` instead."""
     if credentials is None:
-        return f"is required: send 'Authorization: Bearer <token>' ({name}, {variable})"
-    if not _matches(credentials, expected):
-        return f"bearer token does not match {name}"
-    return None
+        raise _unauthorized(f"is required: send 'Authorization: Bearer <token>' ({name}, {variable})")
+    if _matches(credentials, expected):
+        return
+    if other is not None and _matches(credentials, other):
+        raise _unauthorized(other_rule)
+    raise _unauthorized(f"bearer token does not match {name}")
 
 
 def _matches(credentials: HTTPAuthorizationCredentials, expected: SecretStr) -> bool:
