@@ -213,5 +213,7 @@ def cpu_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
     service.start_controller()
     service.start_worker()
+    with service.client() as client:  # registered before the first test: some assert what the workers are
+        service.wait_until(client.workers, timeout_s=START_TIMEOUT_S, what="the CPU worker's registration")
     yield service
     service.stop()
