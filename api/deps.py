@@ -1,4 +1,5 @@
-"""Route dependencies as `Annotated` aliases: the settings, a database session, the preset registry, auth.
+"""Route dependencies as `Annotated` aliases: the settings, a database session, the preset registry, a shape
+query, auth.
 
 Everything a route needs hangs off ``app.state`` (set once by `api.main.create_app`), so two apps in one
 process (tests, the load benchmark) never share a database or a token.  The dependencies are ``async``
@@ -13,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Request, status
+from fastapi import Depends, Header, HTTPException, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
@@ -21,8 +22,10 @@ from sqlalchemy.orm import Session, sessionmaker
 import storage
 from api.cache import AnswerCache
 from api.metrics import Metrics
+from api.schemas import ShapeLookup
 from api.settings import Settings
 from search_spaces import PresetRegistry
+from search_spaces.shape_query import ShapeQuery, query_for
 
 bearer = HTTPBearer(auto_error=False, description="The controller's token (AUTOTUNE_TOKEN)")
 registration_bearer = HTTPBearer(
@@ -66,6 +69,11 @@ async def get_best_cache(request: Request) -> AnswerCache:
     return request.app.state.best_cache
 
 
+async def get_shape_query(params: Annotated[ShapeLookup, Query()]) -> ShapeQuery:
+    """Query parameters -> a validated shape (a 422 naming the field when TE could not run it)."""
+    return query_for(params.model_dump(exclude_none=True, exclude={"gpu"}), gpu=params.gpu)
+
+
 async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
@@ -76,6 +84,7 @@ SessionsDep = Annotated[sessionmaker[Session], Depends(get_sessions)]
 RegistryDep = Annotated[PresetRegistry, Depends(get_registry)]
 BestCacheDep = Annotated[AnswerCache, Depends(get_best_cache)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+ShapeQueryDep = Annotated[ShapeQuery, Depends(get_shape_query)]
 
 
 async def require_token(

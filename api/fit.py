@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.gpu import gpu_matches
+from autotune.tuner.gpu import gpu_matches
 from storage import Backend, Job, JobStatus, Worker, WorkerStatus
 
 

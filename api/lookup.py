@@ -10,11 +10,7 @@ with its source and distance, so a guess is never passed off as a measurement.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Annotated, Any
 
-from fastapi import Depends, Query
 from sqlalchemy.orm import Session
 
 import storage
@@ -25,58 +21,17 @@ from api.schemas import (
     NearestPublic,
     OutcomePublic,
     OverlapConfigBody,
-    ShapeLookup,
     TeEntryBody,
     TeExactPublic,
 )
-from autotune.gpu import gpu_matches, preset_gpu_name
-from overlap_runtime.errors import InputError, ShapeError
+from autotune.tuner.gpu import gpu_matches, preset_gpu_name
+from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
-from overlap_runtime.shape import ModelShape, Slot, shape_fields
+from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import OursPreset, OursSlot, Preset, PresetRegistry, SlotResult, preset_from_results
+from search_spaces.shape_query import FILTERS, ShapeQuery
 from search_spaces.te_dict import te_entry
 from storage import BestConfig
-
-FILTERS = tuple(f.name for f in shape_fields() if f.facts.filter)
-"""The shape fields a lookup narrows by, in field order."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ShapeQuery:
-    """The shape asked about, the filter fields that were given, and the optional GPU model."""
-
-    shape: ModelShape
-    """The fields given, the others at their defaults: the dimensions looked up, and the nearest preset's target."""
-    filters: tuple[tuple[str, Any], ...]
-    """(field, value) of each filter given; a stored shape matches when it agrees with every one."""
-    gpu: str | None
-
-    @property
-    def dtype(self) -> str | None:
-        dtype = dict(self.filters).get("dtype")
-        return None if dtype is None else str(dtype)
-
-    def matches(self, stored: ModelShape) -> bool:
-        """Whether ``stored`` agrees with each filter: given the filters' values it stays the same shape key,
-        so a filter agrees with a field that spells the same size another way (ffn_hidden=4*hidden, unset)."""
-        try:
-            return replace(stored, **dict(self.filters)).key == stored.key
-        except ShapeError:  # the filters cannot even describe this shape (num_query_groups without its heads)
-            return False
-
-
-async def shape_query(params: Annotated[ShapeLookup, Query()]) -> ShapeQuery:
-    """Query parameters -> a validated shape (a 422 naming the field when TE could not run it)."""
-    return query_for(params.model_dump(exclude_none=True, exclude={"gpu"}), gpu=params.gpu)
-
-
-def query_for(given: Mapping[str, object], *, gpu: str | None = None) -> ShapeQuery:
-    """The lookup of the shape fields ``given`` (each filter field given narrows it), as a query asks it."""
-    filters = tuple((name, given[name]) for name in FILTERS if name in given)
-    return ShapeQuery(shape=ModelShape(**given), filters=filters, gpu=gpu)  # type: ignore[arg-type]
-
-
-ShapeQueryDep = Annotated[ShapeQuery, Depends(shape_query)]
 
 
 def measured_groups(*, session: Session, query: ShapeQuery) -> list[BestGroup]:

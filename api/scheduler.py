@@ -49,10 +49,10 @@ from api.fit import can_run
 from api.leadership import Leadership
 from api.logs import RateLimitedLog
 from api.trial_rows import fastest, measurements_of, proposal_of
-from autotune.gpu import CPU, model_of, results_gpu
-from autotune.outcome import te_exact_columns
-from autotune.proposal import Proposal
-from autotune.studies import SlotStudy, study_name
+from autotune.tuner.gpu import CPU, model_of, results_gpu
+from autotune.tuner.outcome import te_exact_columns
+from autotune.tuner.proposal import Proposal
+from autotune.tuner.studies import SlotStudy, study_name
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement

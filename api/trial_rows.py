@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.proposal import Proposal
+from autotune.tuner.proposal import Proposal
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.measurement import Measurement
 from storage import Trial

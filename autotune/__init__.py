@@ -1,9 +1,11 @@
-"""Studies, the local tuning driver, the GPU worker loop and the `autotune` CLI.
+"""The programs: the `autotune` command (`autotune.cli`), the REST client and the worker loop that talk to a
+controller, the local tuning run behind `autotune tune`, `autotune validate`, and `load_ub_cfgs` for training
+scripts.  The tuner they drive is the subpackage `autotune.tuner`, a layer below storage and the controller
+(tests/test_layers.py); everything else here sits on top of all the layers.
 
-``from autotune import load_ub_cfgs`` is the one call a training script needs (`autotune.load`).  That module
-is a program: it reads storage and talks to a controller, layers above this tuner package.  So `__getattr__`
-(PEP 562) imports it on first use only: importing ``autotune``, which every tuner module does, stays free of
-storage and the API.  tests/test_layers.py allows exactly this one lazy import.
+``from autotune import load_ub_cfgs`` is the one call a training script needs (`autotune.load`).  `__getattr__`
+(PEP 562) imports it on first use only, and it loads a database driver or an HTTP client only when its source
+is a database or a controller, so a training script that reads a preset file loads neither.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import os
 import socket
 from typing import Any
 
-from autotune.gpu import CPU
+from autotune.tuner.gpu import CPU
 from overlap_runtime.errors import InputError
 from overlap_runtime.knobs import TE
 from overlap_runtime.te_backend import require_te, te_version

@@ -15,8 +15,8 @@ The source is where the tuned results are:
 Only a tuned result is ever returned.  When none matches, `NoTunedPreset` says so and names the nearest
 tuned shape; a training script never silently gets NVIDIA's nearest preset in place of a measurement.
 
-This is a program (it reads storage and talks to a controller), above the tuner layer that the package
-``autotune`` itself belongs to; ``autotune/__init__.py`` only re-exports it lazily (tests/test_layers.py).
+A training script that reads a preset file loads no database driver, HTTP client, server or Optuna: those are
+imported only when the source is a database or a controller (tests/test_layers.py holds this).
 """
 
 from __future__ import annotations
@@ -28,17 +28,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.engine import make_url
-
-import storage
-from api.lookup import measured_groups, measured_preset, one_group, query_for
-from autotune.client import Client
-from autotune.gpu import preset_gpu_name
+from autotune.tuner.gpu import preset_gpu_name
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, shape_fields
 from search_spaces import Preset, parse_te_json, presets_in, read_preset, to_te_dict
 from search_spaces.catalog import suggest
 from search_spaces.registry import shape_distance
+from search_spaces.shape_query import query_for
 
 CONTROLLER_SCHEMES = ("http", "https")
 REQUIRED = tuple(f.name for f in dataclasses.fields(ModelShape) if f.init and f.default is dataclasses.MISSING)
@@ -115,6 +111,8 @@ def _no_match(
 
 def _from_controller(url: str, given: Mapping[str, object], *, gpu: str | None, token: str | None) -> Preset:
     """``GET /v1/presets?format=te``; a nearest (unmeasured) answer is refused, naming the finished jobs' shapes."""
+    from autotune.client import Client  # an HTTP client only for a controller source
+
     with Client(url, token=token) as client:
         answer = client.preset(given, gpu=gpu, format="te")
         if answer.measured:
@@ -125,6 +123,11 @@ def _from_controller(url: str, given: Mapping[str, object], *, gpu: str | None, 
 
 
 def _from_database(url: str, given: Mapping[str, object], *, gpu: str | None) -> Preset:
+    from sqlalchemy.engine import make_url  # a database driver only for a database source
+
+    import storage
+    from api.lookup import measured_groups, measured_preset, one_group
+
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and not (parsed.database and Path(parsed.database).is_file()):
         raise InputError("source", "names no SQLite database file", url)  # never create an empty one

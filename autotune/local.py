@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from sqlalchemy import Engine
 
-from autotune.gpu import device_gpu_name, preset_gpu_name, results_gpu
-from autotune.outcome import SlotOutcome, te_exact_columns
-from autotune.proposal import Proposal, Purpose
-from autotune.studies import SlotStudy
+from autotune.tuner.gpu import device_gpu_name, preset_gpu_name, results_gpu
+from autotune.tuner.outcome import SlotOutcome, te_exact_columns
+from autotune.tuner.proposal import Proposal, Purpose
+from autotune.tuner.studies import SlotStudy
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import ConfigError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
@@ -46,7 +46,7 @@ SQLITE_TIMEOUT_S = 30
 
 
 class Measurer(Protocol):
-    """What measures proposals: `Runtime` on GPUs or CPU, `autotune.replay.ReplayBackend` from landscapes."""
+    """What measures proposals: `Runtime` on GPUs or CPU, `autotune.tuner.replay.ReplayBackend` from landscapes."""
 
     def measure_many(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from autotune.local import TuneReport
-from autotune.outcome import SlotOutcome
+from autotune.tuner.outcome import SlotOutcome
 
 COLUMNS = (
     "slot",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.gpu import device_gpu_name, preset_gpu_name
+from autotune.tuner.gpu import device_gpu_name, preset_gpu_name
 from overlap_runtime.errors import InputError
 from overlap_runtime.layers import TransformerOverlap
 from overlap_runtime.runtime import available_gpus

@@ -20,7 +20,7 @@ Strategies, each over ``--seeds`` seeds per landscape:
 - random: Optuna's RandomSampler walking the space define-by-run (a method, then each knob it asks, every
   choice equally likely); a config drawn again is answered from memory and not counted.
 - random_baselines: the tuner's own baselines first (no overlap, TE's default, the nearest NVIDIA preset;
-  `autotune.baselines`), then random as above.
+  `autotune.tuner.baselines`), then random as above.
 
 Per seed two numbers.  Arrival: the trials until a config within 2% of the optimum (the best recorded
 median) was measured; a trial is a distinct measured config (baselines count, answers from memory and the
@@ -52,11 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
 
-from autotune.baselines import baselines
-from autotune.finalists import TOP_K
+from autotune.tuner.baselines import baselines
+from autotune.tuner.finalists import TOP_K
 from autotune.local import DEFAULT_TRIALS, drive
-from autotune.proposal import Proposal, Purpose
-from autotune.replay import Landscape, ReplayBackend
+from autotune.tuner.proposal import Proposal, Purpose
+from autotune.tuner.replay import Landscape, ReplayBackend
 from bench import cost_model
 from bench.environment import environment
 from bench.overlap_bench import ANCHORS

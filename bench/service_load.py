@@ -56,7 +56,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import storage
-from autotune.outcome import SlotOutcome
+from autotune.tuner.outcome import SlotOutcome
 from bench.environment import source
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.measurement import Measurement

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from autotune.replay import Landscape
+from autotune.tuner.replay import Landscape
 from overlap_runtime.config import DeviceLimits, Method, OverlapConfig
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot

@@ -20,21 +20,27 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("overlap_runtime",)),
     ("search spaces", ("search_spaces",)),
-    ("tuner", ("autotune",)),
+    ("tuner", ("autotune.tuner",)),
     ("storage", ("storage",)),
+    # The REST bodies: what the controller serves and what its programs read, with no FastAPI in them.
+    ("wire", ("api.schemas",)),
     ("api", ("api",)),
     # What a user or a node runs, on top of everything: the CLI, the REST client and worker loop that talk to a
-    # controller, and the local driver behind `autotune tune` (it writes winners to storage itself).
-    # `autotune.load` is `load_ub_cfgs`: a training script's call that reads storage or asks a controller.
-    (
-        "programs",
-        ("autotune.cli", "autotune.client", "autotune.worker", "autotune.local", "autotune.report", "autotune.load"),
-    ),
+    # controller, the local tuning run behind `autotune tune`, and `load_ub_cfgs`.
+    ("programs", ("autotune",)),
 )
-LAZY_EXPORTS: dict[str, frozenset[str]] = {"autotune": frozenset({"autotune", "autotune.load"})}
-"""The one import that points up, on purpose: ``from autotune import load_ub_cfgs`` is the documented call of a
-training script, so the tuner package's module-level ``__getattr__`` imports that program module on first use,
-and importing ``autotune`` alone stays in the tuner layer (a test below holds that)."""
+SERVICE_LIBRARIES = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "httpx", "optuna", "typer", "rich")
+ALLOWED: dict[str, frozenset[str]] = {
+    "runtime": frozenset(),
+    "search spaces": frozenset(),
+    "tuner": frozenset({"optuna"}),
+    "storage": frozenset({"optuna", "sqlalchemy", "alembic"}),
+    "wire": frozenset(),
+    "api": frozenset({"optuna", "sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn"}),
+    "programs": frozenset(SERVICE_LIBRARIES),
+}
+"""The service libraries each layer may import: the runtime runs alone on a GPU box, the wire contract is read by
+clients that load no server, the tuner is tested without a database."""
 PACKAGES = ("overlap_runtime", "search_spaces", "autotune", "storage", "api")
 
 
@@ -83,8 +89,6 @@ def test_module_imports_no_layer_above_its_own(path: Path) -> None:
     own = layer_of(module)
     assert own is not None
     names = imported(path)
-    if module in LAZY_EXPORTS:  # the lazy exports may point up, nothing else in the module may
-        names = imported(path, skip_getattr=True) | (names - LAZY_EXPORTS[module])
     upward = sorted(
         f"{name} ({LAYERS[layer][0]})" for name in names if (layer := layer_of(name)) is not None and layer > own
     )
@@ -92,16 +96,37 @@ def test_module_imports_no_layer_above_its_own(path: Path) -> None:
 
 
 def test_layer_map_knows_a_programs_module_and_a_tuner_module() -> None:
-    # The map itself: the longest prefix decides, so autotune.cli is a program while autotune.studies is the tuner.
+    # The map itself: the longest prefix decides, so autotune.cli is a program while autotune.tuner.studies is the tuner.
     assert LAYERS[layer_of("autotune.cli.serve")][0] == "programs"  # type: ignore[index]
-    assert LAYERS[layer_of("autotune.studies")][0] == "tuner"  # type: ignore[index]
+    assert LAYERS[layer_of("autotune.tuner.studies")][0] == "tuner"  # type: ignore[index]
     assert layer_of("torch") is None
 
 
-def test_the_lazy_export_is_imported_only_when_asked_for() -> None:
-    code = (
-        "import sys, autotune; assert 'autotune.load' not in sys.modules and 'storage' not in sys.modules; "
-        "from autotune import load_ub_cfgs; assert 'autotune.load' in sys.modules"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_module_imports_only_the_service_libraries_of_its_layer(path: Path) -> None:
+    layer = LAYERS[layer_of(module_name(path))][0]  # type: ignore[index]
+    roots = {name.split(".")[0] for name in imported(path)}
+    foreign = sorted(roots & set(SERVICE_LIBRARIES) - ALLOWED[layer])
+    assert not foreign, f"{module_name(path)} ({layer}) imports {', '.join(foreign)}"
+
+
+def _loaded_after(code: str) -> set[str]:
+    """The service libraries a fresh interpreter has loaded after running ``code``."""
+    probe = f"{code}\nimport sys; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+    return set(done.stdout.split()) & set(SERVICE_LIBRARIES)
+
+
+def test_the_wire_contract_loads_no_server_and_no_database() -> None:
+    assert _loaded_after("import api.schemas") == set()
+
+
+def test_load_ub_cfgs_from_a_preset_file_loads_no_service_library() -> None:
+    preset = ROOT / "search_spaces" / "nvidia_presets" / "nemo" / "ub_cfg_h100_h12288_tp4_mbs1_seqlen2048.yaml"
+    code = (
+        "from autotune import load_ub_cfgs\n"
+        f"cfgs = load_ub_cfgs(shape={{'hidden': 12288, 'tp': 4, 'seq': 2048}}, source={str(preset)!r})\n"
+        "assert cfgs['qkv_fprop']['method']"
+    )
+    assert _loaded_after(code) == set()

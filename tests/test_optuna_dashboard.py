@@ -13,9 +13,9 @@ import httpx
 import optuna
 import pytest
 
-from autotune.history import DUPLICATE_OF
-from autotune.params import trial_params
-from autotune.studies import NAME_PREFIX
+from autotune.tuner.history import DUPLICATE_OF
+from autotune.tuner.params import trial_params
+from autotune.tuner.studies import NAME_PREFIX
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import slot_space
 

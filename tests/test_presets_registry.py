@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest_tuner import measurement
 
-from autotune.baselines import PRESET, TE_DEFAULT, baselines
+from autotune.tuner.baselines import PRESET, TE_DEFAULT, baselines
 from overlap_runtime.config import DeviceLimits, Method, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot

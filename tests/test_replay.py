@@ -11,7 +11,7 @@ import pytest
 from conftest_tuner import SHAPE, landscape_dict, synthetic_landscape
 
 from autotune.local import drive
-from autotune.replay import Landscape, ReplayBackend
+from autotune.tuner.replay import Landscape, ReplayBackend
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import InputError, TrialFailure
 from overlap_runtime.shape import ModelShape, Slot

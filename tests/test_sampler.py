@@ -14,15 +14,15 @@ from conftest_tuner import GPU, H200, SHAPE, smooth_time, synthetic_landscape
 from optuna.storages import InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.baselines import baselines
-from autotune.finalists import TOP_K
+from autotune.tuner.baselines import baselines
+from autotune.tuner.finalists import TOP_K
 from autotune.local import drive
-from autotune.neighbours import family, neighbours
-from autotune.params import config_of, walk
-from autotune.replay import Landscape, ReplayBackend
-from autotune.sampler import LOCAL_AFTER, LOCAL_EVERY, TE_EXACT_SHARE, SlotSampler
-from autotune.studies import SlotStudy
-from autotune.te_subspace import TeSubspace
+from autotune.tuner.neighbours import family, neighbours
+from autotune.tuner.params import config_of, walk
+from autotune.tuner.replay import Landscape, ReplayBackend
+from autotune.tuner.sampler import LOCAL_AFTER, LOCAL_EVERY, TE_EXACT_SHARE, SlotSampler
+from autotune.tuner.studies import SlotStudy
+from autotune.tuner.te_subspace import TeSubspace
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import Slot

@@ -15,8 +15,8 @@ from conftest_tuner import synthetic_landscape
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotune.neighbours import family
-from autotune.replay import Landscape
+from autotune.tuner.neighbours import family
+from autotune.tuner.replay import Landscape
 from bench import cost_model
 from bench import search_efficiency as se
 from bench.overlap_bench import ANCHORS

@@ -19,15 +19,15 @@ from optuna.distributions import json_to_distribution
 from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState, create_trial
 
-from autotune.baselines import nearest_preset_config
-from autotune.finalists import TE_TOP_K
-from autotune.history import History
+from autotune.tuner.baselines import nearest_preset_config
+from autotune.tuner.finalists import TE_TOP_K
+from autotune.tuner.history import History
 from autotune.local import drive
-from autotune.neighbours import neighbours
-from autotune.outcome import SlotOutcome
-from autotune.proposal import Proposal, Purpose
-from autotune.replay import Landscape, ReplayBackend
-from autotune.studies import FINALIST_REPEATS, FINALIST_ROUNDS, MAX_ATTEMPTS, SlotStudy, study_name
+from autotune.tuner.neighbours import neighbours
+from autotune.tuner.outcome import SlotOutcome
+from autotune.tuner.proposal import Proposal, Purpose
+from autotune.tuner.replay import Landscape, ReplayBackend
+from autotune.tuner.studies import FINALIST_REPEATS, FINALIST_ROUNDS, MAX_ATTEMPTS, SlotStudy, study_name
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot

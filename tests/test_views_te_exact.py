@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 import storage
 from api.trial_rows import measurement_json
 from api.views import job_view
-from autotune.proposal import Proposal, Purpose
+from autotune.tuner.proposal import Proposal, Purpose
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.shape import ModelShape
 from storage import Backend

@@ -7,7 +7,7 @@ from pathlib import Path
 import optuna
 
 import storage
-from autotune.studies import SlotStudy
+from autotune.tuner.studies import SlotStudy
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.shape import ModelShape, Slot
 from storage.warm_start import neighbour_winners

@@ -9,10 +9,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from sqlalchemy.orm import Session
 
-from api.deps import BestCacheDep, RegistryDep, SessionsDep
-from api.lookup import ShapeQuery, ShapeQueryDep, measured_groups, nearest
+from api.deps import BestCacheDep, RegistryDep, SessionsDep, ShapeQueryDep
+from api.lookup import measured_groups, nearest
 from api.schemas import BestPublic, ErrorPublic
 from search_spaces import PresetRegistry
+from search_spaces.shape_query import ShapeQuery
 
 router = APIRouter(prefix="/v1", tags=["best"])
 

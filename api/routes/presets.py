@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
-from api.deps import RegistryDep, SessionDep
+from api.deps import RegistryDep, SessionDep, ShapeQueryDep
 from api.errors import error
-from api.lookup import ShapeQueryDep, measured_groups, measured_ours, measured_preset, nearest, one_group
+from api.lookup import measured_groups, measured_ours, measured_preset, nearest, one_group
 from api.schemas import BestGroup, ErrorPublic, NearestPublic
 from search_spaces import (
     Preset,

@@ -5,7 +5,7 @@
 "use strict";
 
 const LABELS = { te_default: "TE default", preset: "NVIDIA preset", torch_fused: "PyTorch fused op" };
-// The comparison bars, beside the winner and serial: the baselines with these labels (`autotune/baselines.py`),
+// The comparison bars, beside the winner and serial: the baselines with these labels (`autotune/tuner/baselines.py`),
 // where a trial measured them.  No study measures PyTorch's fused op yet (bench/overlap_bench.py does): its bar
 // appears once a baseline carries the label.
 const FORMATS = [

@@ -20,7 +20,7 @@ from autotune.cli.output import console, write_out
 from autotune.cli.progress import JobProgress, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, Client
-from autotune.gpu import CPU
+from autotune.tuner.gpu import CPU
 from overlap_runtime.config import Method
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape

@@ -18,8 +18,8 @@ from typing import Any
 
 import optuna
 
-from autotune.gpu import CPU
-from autotune.studies import SlotStudy
+from autotune.tuner.gpu import CPU
+from autotune.tuner.studies import SlotStudy
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement

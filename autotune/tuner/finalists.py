@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 from optuna.trial import TrialState
 
-from autotune.baselines import NONE, TE_DEFAULT
-from autotune.history import History
-from autotune.outcome import SlotOutcome
+from autotune.tuner.baselines import NONE, TE_DEFAULT
+from autotune.tuner.history import History
+from autotune.tuner.outcome import SlotOutcome
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import Slot

@@ -16,7 +16,7 @@ from typing import Any
 
 from optuna.distributions import CategoricalDistribution
 
-from autotune.params import distributions, params_of, walk
+from autotune.tuner.params import distributions, params_of, walk
 from overlap_runtime.config import DEFAULTS, OverlapConfig
 from search_spaces.space import SlotSpace
 from search_spaces.te_exact import is_te_exact
@@ -30,7 +30,7 @@ class TeSubspace:
     configs: tuple[OverlapConfig, ...]
     """Every TE-exact config of the space, in the space's grid order (empty where TE runs none of them)."""
     walks: tuple[Mapping[str, Any], ...]
-    """The params of each of ``configs`` (`autotune.params.params_of`), in the same order."""
+    """The params of each of ``configs`` (`autotune.tuner.params.params_of`), in the same order."""
 
     @classmethod
     def of(cls, space: SlotSpace) -> TeSubspace:

@@ -3,25 +3,25 @@
 The life of a study, and where each step is stored (all of it in Optuna's storage, so a controller that
 restarts rebuilds a `SlotStudy` by constructing it again with the same storage and arguments):
 
-1. Created: study user attr ``baselines`` lists the baselines (`autotune.baselines`) and the skipped ones.
+1. Created: study user attr ``baselines`` lists the baselines (`autotune.tuner.baselines`) and the skipped ones.
 2. Search: `ask` hands out waiting trials (a lost worker's config, asked again; a baseline outside the
    space, which only a job's configs to measure first can be) first, then what the sampler proposes: by
-   default a `SlotSampler` (`autotune.sampler`), which proposes the baselines first, then TPE's configs and
+   default a `SlotSampler` (`autotune.tuner.sampler`), which proposes the baselines first, then TPE's configs and
    local moves, never a config already known.  A handed-out trial stays RUNNING,
    with its proposal in the ``proposal`` user attr, until `tell` (or `requeue`) finishes it.
 3. Stop: after ``n_trials`` configs, once the best has not improved by more than `MIN_GAIN` for
    ``patience`` completed trials, or when every config of the space has been measured; never before as
    many configs as there are baselines, so the baselines run whatever the budget.
-4. Finalists (`autotune.finalists`): once nothing is outstanding, one more trial holds the finalist batch:
+4. Finalists (`autotune.tuner.finalists`): once nothing is outstanding, one more trial holds the finalist batch:
    the configs (study user attr ``finalists``: the fastest overall and the fastest TE-exact ones, no overlap,
    TE's default) are re-measured interleaved with more repeats, and decide both winners of the slot.  Its
    proposal number is that trial's number like any other; it runs without params and, once told, takes
    the winner's params and re-measured time, so every COMPLETE trial of a study holds the params of a config
-   of its space, or none and the mark of a config outside it (`autotune.history.OUTSIDE`).
+   of its space, or none and the mark of a config outside it (`autotune.tuner.history.OUTSIDE`).
    A lost or failed batch is asked again, up to `FINALIST_ATTEMPTS` times, then the search's numbers decide.
 5. Decided: study user attr ``decision`` holds the `SlotOutcome` (None when no config ran correctly).
 
-Trial user attrs are listed in `autotune.history`.
+Trial user attrs are listed in `autotune.tuner.history`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from autotune.baselines import TE_DEFAULT, Baselines, baselines
-from autotune.finalists import choose_finalists, decide, measurement_failure
-from autotune.history import (
+from autotune.tuner.baselines import TE_DEFAULT, Baselines, baselines
+from autotune.tuner.finalists import choose_finalists, decide, measurement_failure
+from autotune.tuner.history import (
     ATTEMPT,
     BASELINE,
     CONFIG,
@@ -50,10 +50,10 @@ from autotune.history import (
     History,
     Record,
 )
-from autotune.outcome import SlotOutcome
-from autotune.params import distributions, trial_params, walk
-from autotune.proposal import Proposal, Purpose
-from autotune.sampler import SlotSampler
+from autotune.tuner.outcome import SlotOutcome
+from autotune.tuner.params import distributions, trial_params, walk
+from autotune.tuner.proposal import Proposal, Purpose
+from autotune.tuner.sampler import SlotSampler
 from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement

@@ -13,7 +13,7 @@ from typing import Any
 
 from optuna.distributions import CategoricalDistribution
 
-from autotune.history import OUTSIDE
+from autotune.tuner.history import OUTSIDE
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import ConfigError, InputError
 from search_spaces.space import SlotSpace

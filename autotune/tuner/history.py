@@ -1,7 +1,7 @@
 """A study's trials read back as the tuner's records: what was measured, what failed, what is still out.
 
-Everything the tuner knows lives in Optuna's storage (trial user attrs, written by `autotune.studies` and, for
-duplicates, by `autotune.sampler`), so a controller that restarts rebuilds its state by reading the trials
+Everything the tuner knows lives in Optuna's storage (trial user attrs, written by `autotune.tuner.studies` and, for
+duplicates, by `autotune.tuner.sampler`), so a controller that restarts rebuilds its state by reading the trials
 again.  This module is that reading; it never writes.  The user attr keys below are the whole vocabulary.
 """
 
@@ -14,7 +14,7 @@ from functools import cached_property
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.proposal import Proposal, Purpose
+from autotune.tuner.proposal import Proposal, Purpose
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.measurement import Measurement
 
@@ -24,7 +24,7 @@ CONFIG = "config"
 PROPOSAL = "proposal"
 """`Proposal.to_dict()`, set when the trial is handed out: RUNNING with a proposal = outstanding work."""
 BASELINE = "baseline"
-"""The labels of a baseline trial (`autotune.baselines`)."""
+"""The labels of a baseline trial (`autotune.tuner.baselines`)."""
 MEASUREMENT = "measurement"
 """`Measurement.to_dict()` of a baseline / search trial; a finalist trial: the winner's."""
 MEASUREMENTS = "measurements"

@@ -1,4 +1,4 @@
-"""The configs every study measures first: its sampler (`autotune.sampler`) proposes them before any other.
+"""The configs every study measures first: its sampler (`autotune.tuner.sampler`) proposes them before any other.
 
 They answer the questions a user asks before "what is best": is overlap worth it at all (no overlap), what
 does TE do by itself (its default), what would copying NVIDIA's nearest preset give (or one we tuned
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from autotune.gpu import preset_gpu_name
+from autotune.tuner.gpu import preset_gpu_name
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import InputError
 from search_spaces.defaults import as_runnable, substitutions, te_default

@@ -2,9 +2,9 @@
 
 `SlotSampler` proposes, for each new trial:
 
-1. the baselines (`autotune.baselines`), in order, before anything else;
+1. the baselines (`autotune.tuner.baselines`), in order, before anything else;
 2. on every `LOCAL_EVERY`-th config once `LOCAL_AFTER` are known, a local move: an untried config one knob
-   away from the best config of one of the `TOP_K` fastest families (`autotune.neighbours`), the families
+   away from the best config of one of the `TOP_K` fastest families (`autotune.tuner.neighbours`), the families
    taken in turn.  It finds the last few percent in these small discrete spaces faster than TPE alone
    (bench/search_efficiency.py);
 3. otherwise what TPE proposes: random for the first `TPE_STARTUP` completed trials, then multivariate with
@@ -12,7 +12,7 @@
    study already knows is never proposed again: TPE's proposal of one is added to the study at once as a
    finished trial holding the known result (Optuna's recipe for duplicates, so TPE learns from it), and TPE
    asks again, `MAX_DUPLICATES` times, before a local move (or a random untried config) is taken instead;
-4. but while fewer than `TE_EXACT_SHARE` of the configs tried are TE-exact (`autotune.te_subspace`), the turn
+4. but while fewer than `TE_EXACT_SHARE` of the configs tried are TE-exact (`autotune.tuner.te_subspace`), the turn
    that would be TPE's goes to the TE-exact subspace instead: the TE twin of a leader (the TE-exact config
    nearest to the best config of one of the `TOP_K` fastest families), else every other time a local move
    around the best TE-exact configs, else a second TPE over the TE-exact trials alone, walking only
@@ -20,7 +20,7 @@
    winners (the overall one, and the best config TE runs exactly as measured, which the TE exports carry);
    the reserve makes the second one tuned, not a by-product of a search drawn to our runtime's own knobs.
 
-It proposes whole configs: its relative search space is every param of the space (`autotune.params`) and
+It proposes whole configs: its relative search space is every param of the space (`autotune.tuner.params`) and
 `sample_relative` returns the chosen config's params, which the trial's define-by-run walk reads back.  It reads
 only what Optuna stores (params, states, values, and the ``duplicate_of`` mark of the trials it added), so
 it works on any study whose params are the space's, and it keeps no state but its random generators and
@@ -44,12 +44,12 @@ from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from optuna.storages import InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from autotune.finalists import TOP_K
-from autotune.history import CONFIG, DUPLICATE_OF, FAILURE, PURPOSE
-from autotune.neighbours import family, neighbours
-from autotune.params import config_of, distributions, params_of, walk
-from autotune.proposal import Purpose
-from autotune.te_subspace import TeSubspace, among
+from autotune.tuner.finalists import TOP_K
+from autotune.tuner.history import CONFIG, DUPLICATE_OF, FAILURE, PURPOSE
+from autotune.tuner.neighbours import family, neighbours
+from autotune.tuner.params import config_of, distributions, params_of, walk
+from autotune.tuner.proposal import Purpose
+from autotune.tuner.te_subspace import TeSubspace, among
 from overlap_runtime.config import OverlapConfig
 from search_spaces.space import SlotSpace
 
@@ -204,7 +204,7 @@ class SlotSampler(BaseSampler):
         self, tried: Tried, *, within: TeSubspace | None = None, turn: int | None = None
     ) -> OverlapConfig | None:
         """An untried config one knob away from the best config of one of the `TOP_K` fastest families so far
-        (`autotune.neighbours.family`), taken in turn (``turn``, by default the local turns so far); None if
+        (`autotune.tuner.neighbours.family`), taken in turn (``turn``, by default the local turns so far); None if
         none is left.  ``within``: only the configs of that subspace count, as leaders and as moves.
 
         Polishing only the overall best never leaves its family: on h5120 s2048 proj_fprop (H200 landscape)
@@ -344,7 +344,7 @@ class SlotSampler(BaseSampler):
 
 
 def _leaders(tried: Tried, *, within: TeSubspace | None = None) -> list[OverlapConfig]:
-    """The best config of each of the `TOP_K` fastest families (`autotune.neighbours.family`) so far, fastest
+    """The best config of each of the `TOP_K` fastest families (`autotune.tuner.neighbours.family`) so far, fastest
     first; ``within``: of that subspace's configs only."""
     leaders: dict[tuple, OverlapConfig] = {}
     for config in tried.ranked():

@@ -40,7 +40,7 @@ class Proposal:
     rounds: int = 1
     """Interleaved rounds (A B C A B C ...): 1 except for finalists."""
     labels: tuple[str, ...] = ()
-    """A baseline's reasons (`autotune.baselines`: ``none``, ``te_default``, ``preset``, ...), so whoever shows
+    """A baseline's reasons (`autotune.tuner.baselines`: ``none``, ``te_default``, ``preset``, ...), so whoever shows
     a trial (the dashboard) can say it is TE's default or NVIDIA's preset; empty for any other proposal."""
 
     def __post_init__(self) -> None:
