@@ -57,7 +57,7 @@ def measured_groups(*, session: Session, query: ShapeQuery) -> list[BestGroup]:
 
 
 def _layer(row: BestConfig) -> BestLayer:
-    outcome = (row.spread or {}).get("outcome")
+    outcome = row.outcome
     te_exact = None
     if row.te_exact_config is not None and row.te_exact_measurement is not None:
         te_exact = TeExactPublic(

@@ -37,7 +37,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import optuna
 from sqlalchemy import Engine
@@ -50,7 +49,6 @@ from api.leadership import Leadership
 from api.logs import RateLimitedLog
 from api.trial_rows import fastest, measurements_of, proposal_of
 from autotune.tuner.gpu import CPU, model_of, results_gpu
-from autotune.tuner.outcome import te_exact_columns
 from autotune.tuner.proposal import Proposal
 from autotune.tuner.studies import SlotStudy, study_name
 from overlap_runtime.config import DeviceLimits, OverlapConfig
@@ -58,7 +56,6 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
 from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialPurpose, TrialState
-from storage.warm_start import neighbour_winners
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +147,7 @@ class Scheduler:
         """Optuna's storage, built on first use: only the leader needs it, and building it creates Optuna's
         tables, which several processes starting on a fresh database must not race to do."""
         if self._optuna_storage is None:
-            self._optuna_storage = _optuna_storage(self.engine)
+            self._optuna_storage = storage.optuna_storage(self.engine)
         return self._optuna_storage
 
     def _prune(self, *, session: Session, running: list[Job]) -> None:
@@ -274,7 +271,8 @@ class Scheduler:
         gpu = _gpu_of(study.optuna_study_name)
         slot = _Slot(
             job_id=job.id,
-            study=SlotStudy(
+            study=storage.open_study(
+                session=session,
                 storage=self._optuna(),
                 gpu=gpu,
                 shape=_shape(job),
@@ -283,7 +281,6 @@ class Scheduler:
                 limits=_limits(session=session, gpu=gpu),
                 n_trials=job.n_trials,
                 measure_first=storage.first_configs(job, study.slot),
-                warm_start=neighbour_winners(session=session, gpu=gpu, shape=_shape(job), slot=Slot(study.slot)),
             ),
         )
         if slot.study.name != study.optuna_study_name:
@@ -325,15 +322,12 @@ class Scheduler:
             storage.update_layer_study(session=session, study_id=study.id, status=JobStatus.FAILED)
             return
         trial_id = _trial_of(rows, outcome.best, outcome.best_measurement)
-        storage.upsert_best(
+        storage.record_winner(
             session=session,
             gpu=_gpu_of(study.optuna_study_name),
             shape=_shape(job),
-            slot=study.slot,
-            config=outcome.best.to_dict(),
-            measurement=outcome.best_measurement.to_dict(),
-            spread={"outcome": outcome.to_dict(), "trial_id": trial_id},
-            **te_exact_columns(outcome),
+            outcome=outcome,
+            trial_id=trial_id,
             job_id=job.id,
         )
         storage.update_layer_study(
@@ -381,16 +375,6 @@ class SchedulerThread:
 def _cause(error: BaseException) -> str:
     """The driver's message of a SQLAlchemy error without SQLAlchemy's statement and background link."""
     return f"{type(error).__name__}: {getattr(error, 'orig', None) or error}"
-
-
-def _optuna_storage(engine: Engine) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage on our database: SQLite waits for the write lock as our engine does."""
-    url = engine.url.render_as_string(hide_password=False)
-    if engine.dialect.name == "sqlite":
-        kwargs: dict[str, Any] = {"connect_args": {"timeout": storage.engine.SQLITE_BUSY_TIMEOUT_MS / 1000}}
-    else:
-        kwargs = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 
 def _jobs(*, session: Session, status: JobStatus) -> list[Job]:

@@ -90,7 +90,7 @@ def _winner_rows(*, session: Session, job: Job) -> dict[str, BestConfig]:
 
 
 def _winner(row: BestConfig) -> BestSoFar:
-    trial_id = (row.spread or {}).get("trial_id")
+    trial_id = row.trial_id
     return BestSoFar(
         trial_id=trial_id, config=OverlapConfigBody.model_validate(row.config), measurement=row.measurement, final=True
     )

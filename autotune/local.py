@@ -17,19 +17,18 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-import optuna
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from sqlalchemy import Engine
 
 from autotune.tuner.gpu import device_gpu_name, preset_gpu_name, results_gpu
-from autotune.tuner.outcome import SlotOutcome, te_exact_columns
+from autotune.tuner.outcome import SlotOutcome
 from autotune.tuner.proposal import Proposal, Purpose
 from autotune.tuner.studies import SlotStudy
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import ConfigError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
-from overlap_runtime.runtime import Runtime, open_runtime
+from overlap_runtime.runtime import open_runtime
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import tunable_slots
 from search_spaces.export import preset_from_results
@@ -37,12 +36,10 @@ from search_spaces.nemo_yaml import preset_file_name, write_nemo
 from search_spaces.ours import OursPreset, OursSlot, ours_file_name, write_ours
 from search_spaces.presets import Preset
 from search_spaces.te_dict import to_te_dict
-from storage import create_engine_for, session_factory, upgrade, upsert_best
-from storage.warm_start import neighbour_winners
+from storage import create_engine_for, open_study, optuna_storage, record_winner, session_factory, upgrade
 
 DEFAULT_TRIALS = 60
 """Configs measured per slot at most (baselines included; the finalist batch comes on top)."""
-SQLITE_TIMEOUT_S = 30
 
 
 class Measurer(Protocol):
@@ -128,13 +125,22 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
         gpu = results_gpu(request.gpu or device_gpu_name(backend=request.backend), request.backend)
         engine = create_engine_for(url=request.db)
         upgrade(engine=engine)
-        storage = _optuna_storage(engine)
+        optuna = optuna_storage(engine)
         with session_factory(engine=engine)() as session:
-            warm = {slot: neighbour_winners(session=session, gpu=gpu, shape=shape, slot=slot) for slot in slots}
-        studies = {
-            slot: _study(request, slot, storage=storage, gpu=gpu, runtime=runtime, warm_start=warm[slot])
-            for slot in slots
-        }
+            studies = {
+                slot: open_study(
+                    session=session,
+                    storage=optuna,
+                    gpu=gpu,
+                    shape=shape,
+                    slot=slot,
+                    backend=request.backend,
+                    limits=runtime.limits,
+                    n_trials=request.n_trials,
+                    seed=request.seed,
+                )
+                for slot in slots
+            }
         with _progress(console) as bars:
             for slot, study in studies.items():
                 task = bars.add_task(slot.value, total=request.n_trials + 1)
@@ -153,35 +159,6 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
         _record_best(engine=engine, gpu=gpu, shape=shape, outcomes=decided)
     engine.dispose()
     return TuneReport(shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files)
-
-
-def _optuna_storage(engine: Engine) -> optuna.storages.RDBStorage:
-    """Optuna's tables in our database; SQLite writers wait for the lock instead of failing at once."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one INFO line per trial would drown the bars
-    connect = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if engine.dialect.name == "sqlite" else {}
-    return optuna.storages.RDBStorage(engine.url.render_as_string(hide_password=False), engine_kwargs=connect)
-
-
-def _study(
-    request: TuneRequest,
-    slot: Slot,
-    *,
-    storage: optuna.storages.BaseStorage,
-    gpu: str,
-    runtime: Runtime,
-    warm_start: tuple[OverlapConfig, ...],
-) -> SlotStudy:
-    return SlotStudy(
-        storage=storage,
-        gpu=gpu,
-        shape=request.shape,
-        slot=slot,
-        backend=request.backend,
-        limits=runtime.limits,
-        n_trials=request.n_trials,
-        warm_start=warm_start,
-        seed=request.seed,
-    )
 
 
 @contextmanager
@@ -211,14 +188,5 @@ def _write_preset(preset: Preset, ours: OursPreset, out: Path) -> tuple[Path, ..
 
 def _record_best(*, engine: Engine, gpu: str, shape: ModelShape, outcomes: dict[Slot, SlotOutcome]) -> None:
     with session_factory(engine=engine)() as session:
-        for slot, outcome in outcomes.items():
-            upsert_best(
-                session=session,
-                gpu=gpu,
-                shape=shape,
-                slot=slot.value,
-                config=outcome.best.to_dict(),
-                measurement=outcome.best_measurement.to_dict(),
-                spread={"cv": outcome.spread, "repeats": outcome.best_measurement.repeats},
-                **te_exact_columns(outcome),
-            )
+        for outcome in outcomes.values():
+            record_winner(session=session, gpu=gpu, shape=shape, outcome=outcome)

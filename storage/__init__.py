@@ -48,6 +48,7 @@ from storage.trials import (
     list_trials,
     renew_lease,
 )
+from storage.tuning import open_study, optuna_storage, record_winner
 from storage.workers import authenticate_worker, get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
 
 __all__ = [
@@ -99,9 +100,12 @@ __all__ = [
     "list_winners",
     "list_workers",
     "mark_lost_workers",
+    "open_study",
+    "optuna_storage",
     "probe_write",
     "public_reason",
     "reclaim",
+    "record_winner",
     "register_worker",
     "release_leadership",
     "renew_lease",

@@ -3,7 +3,8 @@
 Each row holds two winners: the fastest config overall (our runtime's) and the fastest that TE runs exactly
 as measured (``te_exact_*``, what the TE exports carry), or NULL where the job measured none.
 
-The tuner decides which trial won; `upsert_best` records that verdict, replacing the previous winner for the
+The tuner decides which trial won; `upsert_best` records that verdict (`storage.tuning.record_winner` is how
+both tuning drivers call it), replacing the previous winner for the
 same key (a newer job re-measured on the same GPU model is the better-informed answer).  The upsert is one
 ``INSERT ... ON CONFLICT DO UPDATE``, so two jobs finishing the same shape at once cannot both insert.
 """
@@ -33,7 +34,8 @@ def upsert_best(
     slot: str,
     config: Mapping[str, Any],
     measurement: Mapping[str, Any],
-    spread: Mapping[str, Any] | None = None,
+    outcome: Mapping[str, Any] | None = None,
+    trial_id: int | None = None,
     te_exact_config: Mapping[str, Any] | None = None,
     te_exact_measurement: Mapping[str, Any] | None = None,
     job_id: str | None = None,
@@ -41,7 +43,8 @@ def upsert_best(
 ) -> BestConfig:
     """Record ``config`` as the winner of ``slot`` for ``shape`` on ``gpu`` (the model name, "cpu" for the CPU
     backend), and ``te_exact_config`` as its TE-exact winner (None: the job measured none; it replaces any
-    earlier one too, so both winners always come from the same job)."""
+    earlier one too, so both winners always come from the same job).  ``outcome`` is the tuner's verdict
+    (`SlotOutcome.to_dict()`), ``trial_id`` the trial row that measured the winner (None outside a job)."""
     if (te_exact_config is None) != (te_exact_measurement is None):
         raise InputError("te_exact_measurement", "must be given with te_exact_config", te_exact_measurement)
     row = {
@@ -56,7 +59,8 @@ def upsert_best(
         "shape": shape.as_given(),
         "config": dict(config),
         "measurement": dict(measurement),
-        "spread": None if spread is None else dict(spread),
+        "outcome": None if outcome is None else dict(outcome),
+        "trial_id": trial_id,
         "te_exact_config": None if te_exact_config is None else dict(te_exact_config),
         "te_exact_measurement": None if te_exact_measurement is None else dict(te_exact_measurement),
         "job_id": job_id,
@@ -64,7 +68,16 @@ def upsert_best(
     }
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     stmt = insert(BestConfig).values(row)
-    kept = ("config", "measurement", "spread", "te_exact_config", "te_exact_measurement", "job_id", "updated_at")
+    kept = (
+        "config",
+        "measurement",
+        "outcome",
+        "trial_id",
+        "te_exact_config",
+        "te_exact_measurement",
+        "job_id",
+        "updated_at",
+    )
     replaced = {name: stmt.excluded[name] for name in kept}
     stmt = stmt.on_conflict_do_update(index_elements=["gpu", "shape_key", "slot"], set_=replaced)
     best = session.scalars(stmt.returning(BestConfig), execution_options={"populate_existing": True}).one()

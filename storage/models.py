@@ -212,8 +212,11 @@ class BestConfig(Base):
     shape: Mapped[dict[str, Any]]
     config: Mapped[dict[str, Any]]
     measurement: Mapped[dict[str, Any]]
-    spread: Mapped[dict[str, Any] | None]
-    """How much the winner's repeated measurements varied (e.g. cv, p20/p80 over finalist re-runs)."""
+    outcome: Mapped[dict[str, Any] | None]
+    """The tuner's verdict on the slot (`SlotOutcome.to_dict()`: both winners, TE's default re-measured, the
+    winner's spread, trial counts, notes); None for a row older than revision 0008 that had none."""
+    trial_id: Mapped[int | None]
+    """The trial row that measured the winner (the finalist batch, usually); None outside a service job."""
     te_exact_config: Mapped[dict[str, Any] | None]
     """The slot's second winner: the fastest config TE runs exactly as measured (`search_spaces.te_exact`);
     None when none was measured."""

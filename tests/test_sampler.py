@@ -14,9 +14,9 @@ from conftest_tuner import GPU, H200, SHAPE, smooth_time, synthetic_landscape
 from optuna.storages import InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.local import drive
 from autotune.tuner.baselines import baselines
 from autotune.tuner.finalists import TOP_K
-from autotune.local import drive
 from autotune.tuner.neighbours import family, neighbours
 from autotune.tuner.params import config_of, walk
 from autotune.tuner.replay import Landscape, ReplayBackend

@@ -17,7 +17,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect
+from sqlalchemy import JSON, Engine, bindparam, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -40,7 +40,7 @@ from storage import (
     WorkerStatus,
 )
 from storage.migrate import VERSION_TABLE, alembic_config, include_name
-from storage.models import Base
+from storage.models import Base, utcnow
 
 pytest_plugins = ("conftest_storage",)  # db_url, engine, session and the databases they stand on
 
@@ -100,6 +100,35 @@ def test_upgrade_brings_an_empty_database_to_head_and_matches_the_models(db_url:
         tables = set(inspect(engine).get_table_names())
         assert {t.name for t in Base.metadata.sorted_tables} | {VERSION_TABLE} == tables
         assert our_schema_drift(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_revision_0008_keeps_the_services_verdict_and_drops_the_old_local_spread(db_url: str) -> None:
+    """``spread`` held two shapes (the service's verdict and trial, `autotune tune`'s cv and repeats): after
+    0008 the verdict is ``outcome``, the trial ``trial_id``, and the cv-only rows have no verdict."""
+    engine = storage.create_engine_for(url=db_url)
+    try:
+        storage.upgrade(engine=engine, revision="0007")
+        columns = "gpu, shape_key, slot, hidden, tp, mbs, seq, dtype, shape, config, measurement, spread, updated_at"
+        insert = text(
+            f"INSERT INTO autotune_best_configs ({columns}) VALUES (:gpu, :key, :slot, 8192, 2, 1, 8192, 'bf16', "
+            ":shape, :config, :measurement, :spread, :now)"
+        ).bindparams(*(bindparam(name, type_=JSON) for name in ("shape", "config", "measurement", "spread")))
+        verdict = {"slot": "qkv_fprop", "best": {"method": "none"}, "n_trials": 12}
+        common = {"gpu": "NVIDIA H200", "key": "k", "shape": {"hidden": 8192}, "config": {"method": "none"}}
+        with engine.begin() as conn:
+            for slot, spread in (
+                ("qkv_fprop", {"outcome": verdict, "trial_id": 41}),
+                ("fc1_fprop", {"cv": 0.01, "repeats": 60}),
+            ):
+                conn.execute(insert, common | {"slot": slot, "measurement": {}, "spread": spread, "now": utcnow()})
+        storage.upgrade(engine=engine)
+        with storage.session_factory(engine=engine)() as session:
+            rows = {row.slot: row for row in session.scalars(select(BestConfig))}
+        assert (rows["qkv_fprop"].outcome, rows["qkv_fprop"].trial_id) == (verdict, 41)
+        assert (rows["fc1_fprop"].outcome, rows["fc1_fprop"].trial_id) == (None, None)
+        assert "spread" not in {c["name"] for c in inspect(engine).get_columns("autotune_best_configs")}
     finally:
         engine.dispose()
 
@@ -382,7 +411,8 @@ def test_best_config_upsert_replaces_the_winner_and_lookup_filters(session: Sess
             slot="qkv_fprop",
             config=config,
             measurement=measured,
-            spread={"cv": 0.01},
+            outcome={"n_trials": 12},
+            trial_id=7,
             job_id=job.id,
             now=at,
         )
@@ -400,7 +430,12 @@ def test_best_config_upsert_replaces_the_winner_and_lookup_filters(session: Sess
         ("h8192_tp2_mbs1_seq8192_f28672g_q10240_bf16_cp1", {"method": "bulk"}),
         ("h8192_tp2_mbs1_seq8192_f32768_q24576_bf16_cp1", {"method": "ring_exchange"}),
     ]
-    assert (rows[1].updated_at, rows[1].spread, rows[1].measurement) == (T0 + SEC, {"cv": 0.01}, measured)
+    assert (rows[1].updated_at, rows[1].outcome, rows[1].trial_id, rows[1].measurement) == (
+        T0 + SEC,
+        {"n_trials": 12},
+        7,
+        measured,
+    )
     assert len(storage.get_best(session=session, shape=gated)) == 4
     assert [r.gpu for r in storage.get_best(session=session, shape=SHAPE, dtype="fp8")] == [H200]
     assert storage.get_best(session=session, shape=ModelShape(hidden=8192, tp=4, mbs=1, seq=8192)) == []
