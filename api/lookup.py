@@ -15,8 +15,11 @@ from sqlalchemy.orm import Session
 
 import storage
 from api.schemas import (
+    AlternativePublic,
     BestGroup,
     BestLayer,
+    ConsumerEntry,
+    ConsumerPublic,
     NearestLayer,
     NearestPublic,
     OutcomePublic,
@@ -28,7 +31,9 @@ from autotune.tuner.gpu import gpu_matches, preset_gpu_name
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
-from search_spaces import OursPreset, OursSlot, Preset, PresetRegistry, SlotResult, preset_from_results
+from search_spaces import Consumer, OursPreset, OursSlot, Preset, PresetRegistry, SlotResult, preset_from_results
+from search_spaces.consumers import rendered
+from search_spaces.export import consumer_choice
 from search_spaces.shape_query import FILTERS, ShapeQuery
 from search_spaces.te_dict import te_entry
 from storage import BestConfig
@@ -97,11 +102,58 @@ def nearest(*, registry: PresetRegistry, query: ShapeQuery) -> tuple[Preset, Nea
     return preset, described, layers
 
 
-def measured_preset(group: BestGroup) -> Preset:
-    """The preset a measured group exports, under the export rule (docs/export.md, `preset_from_results`)."""
+def measured_preset(group: BestGroup, *, consumer: Consumer | None = None) -> Preset:
+    """The preset a measured group exports for ``consumer`` (None: per slot), under the export rule
+    (docs/export.md, `preset_from_results`)."""
     results = {Slot(layer.slot): _slot_result(layer) for layer in group.layers}
     shape = ModelShape(**group.shape)
-    return preset_from_results(shape, results, gpu=preset_gpu_name(group.gpu))
+    return preset_from_results(shape, results, gpu=preset_gpu_name(group.gpu), consumer=consumer)
+
+
+def with_consumer(group: BestGroup, consumer: Consumer) -> BestGroup:
+    """``group`` with ``consumer``'s joint winner (`search_spaces.consumers.choose`) beside its per-slot ones."""
+    return group.model_copy(update={"consumer": consumer_view(group.layers, consumer)})
+
+
+def rows_view(rows: list[BestConfig], consumer: Consumer) -> ConsumerPublic:
+    """``consumer``'s joint winner over stored winner rows (a job's)."""
+    return consumer_view([_layer(row) for row in rows], consumer)
+
+
+def consumer_view(layers: list[BestLayer], consumer: Consumer) -> ConsumerPublic:
+    """``consumer``'s joint winner over stored winners: the switches, each slot's mode and config, and the
+    other settings' summed times."""
+    results = {Slot(layer.slot): _slot_result(layer) for layer in layers}
+    choice = consumer_choice(results, consumer)
+    entries = {
+        slot.value: ConsumerEntry(
+            mode=mode.value,
+            config=None
+            if (e := choice.entries.get(slot)) is None
+            else OverlapConfigBody.model_validate(e.config.to_dict()),
+            measurement=None if e is None else e.measurement.to_dict(),
+        )
+        for slot, mode in choice.chosen.modes.items()
+        if slot in results
+    }
+    alternatives = [
+        AlternativePublic(
+            label=a.label(),
+            changed=dict(a.changed),
+            total_ms=a.total_ms,
+            modes={slot.value: mode.value for slot, mode in a.modes.items() if slot in choice.coupled},
+            unmeasured=[slot.value for slot in a.unmeasured],
+        )
+        for a in choice.alternatives
+    ]
+    return ConsumerPublic(
+        consumer=consumer.value,
+        switches=rendered(consumer, choice.chosen.setting),
+        setting=dict(choice.chosen.setting),
+        coupled=[slot.value for slot in choice.coupled],
+        slots=entries,
+        alternatives=alternatives,
+    )
 
 
 def measured_ours(group: BestGroup) -> OursPreset:

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 import storage
 from api.fit import waiting_reason
+from api.lookup import rows_view
 from api.schemas import (
     BestSoFar,
     JobPublic,
@@ -21,6 +22,7 @@ from api.schemas import (
 )
 from api.trial_rows import fastest
 from overlap_runtime.shape import ModelShape
+from search_spaces.consumers import Consumer
 from search_spaces.te_exact import is_te_exact
 from storage import BestConfig, Job, JobStatus, LayerStudy, Trial, TrialState
 from storage.page import MAX_PAGE_SIZE
@@ -45,10 +47,13 @@ def job_view(*, session: Session, job: Job) -> JobPublic:
         )
         for study in studies
     ]
+    decided = bool(studies) and all(study.slot in rows for study in studies)
+    choice = rows_view(list(rows.values()), Consumer(job.consumer)) if job.consumer and decided else None
     return JobPublic(
         **JobSummary.model_validate(job).model_dump(),
         progress=_progress(job=job, studies=studies),
         slots=slots,
+        consumer_choice=choice,
         waiting_reason=waiting_reason(job, storage.list_workers(session=session)),
     )
 

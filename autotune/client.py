@@ -113,6 +113,7 @@ class Client:
         backend: str | None = None,
         gpu: str | None = None,
         measure_first: dict[str, list[dict[str, Any]]] | None = None,
+        consumer: str | None = None,
     ) -> JobAccepted:
         """Queue a job for ``shape`` (sent as given: the controller applies the defaults).  ``measure_first``:
         per slot, configs (as `OverlapConfig.to_dict` writes them) to measure before the search proposes any."""
@@ -123,6 +124,7 @@ class Client:
             "backend": backend,
             "gpu": gpu,
             "measure_first": measure_first,
+            "consumer": consumer,
         }
         body |= {k: v for k, v in optional.items() if v is not None}
         return self._call(JobAccepted, "POST", "/v1/jobs", json=body)
@@ -176,14 +178,23 @@ class Client:
                 elif line.startswith("data:"):
                     data.append(line[5:].lstrip())
 
-    def best(self, shape: Mapping[str, object], *, gpu: str | None = None) -> BestPublic:
+    def best(self, shape: Mapping[str, object], *, gpu: str | None = None, consumer: str | None = None) -> BestPublic:
         """``GET /v1/best``: ``shape`` holds hidden, tp, seq and any of the other shape fields, each of which
-        narrows the answer (`api.schemas.ShapeLookup`)."""
-        return self._call(BestPublic, "GET", "/v1/best", params=_params({**shape, "gpu": gpu}))
+        narrows the answer (`api.schemas.ShapeLookup`); ``consumer`` adds its joint winner to each group."""
+        return self._call(BestPublic, "GET", "/v1/best", params=_params({**shape, "gpu": gpu, "consumer": consumer}))
 
-    def preset(self, shape: Mapping[str, object], *, gpu: str | None = None, format: str = "nemo") -> PresetFile:
-        """``GET /v1/presets`` for the shape fields, as `best` takes them."""
-        response = self._send("GET", "/v1/presets", params=_params({**shape, "gpu": gpu, "format": format}))
+    def preset(
+        self,
+        shape: Mapping[str, object],
+        *,
+        gpu: str | None = None,
+        format: str = "nemo",
+        consumer: str | None = None,
+    ) -> PresetFile:
+        """``GET /v1/presets`` for the shape fields, as `best` takes them; ``consumer``: who runs it (the
+        format's own by default)."""
+        params = _params({**shape, "gpu": gpu, "format": format, "consumer": consumer})
+        response = self._send("GET", "/v1/presets", params=params)
         disposition = response.headers.get("content-disposition", "")
         name = disposition.split('filename="', 1)[1].rstrip('"') if 'filename="' in disposition else None
         return PresetFile(

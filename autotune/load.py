@@ -6,7 +6,7 @@
 
 The source is where the tuned results are:
 
-- a preset file or a folder of them (NeMo YAML, Megatron-Bridge module, TE JSON: `search_spaces.preset_files`),
+- a preset file or a folder of them (NeMo YAML, Megatron-Bridge module, TE JSON: `search_spaces.formats`),
   such as the folder `autotune tune --out` writes;
 - a database URL (``sqlite:///...``, ``postgresql+psycopg://...``): the winners `autotune tune` or the service
   stored, turned into a preset under the export rule exactly as ``GET /v1/presets`` does (`api.lookup`);

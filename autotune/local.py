@@ -9,8 +9,7 @@ died are measured first.  The winners go to the service's best-config table, the
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -31,11 +30,10 @@ from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.runtime import open_runtime
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import tunable_slots
-from search_spaces.export import preset_from_results
-from search_spaces.nemo_yaml import preset_file_name, write_nemo
-from search_spaces.ours import OursPreset, OursSlot, ours_file_name, write_ours
-from search_spaces.presets import Preset
-from search_spaces.te_dict import to_te_dict
+from search_spaces.consumers import Consumer, ConsumerChoice
+from search_spaces.export import SlotResult, consumer_choice, preset_from_results
+from search_spaces.formats import FORMATS, TUNE_FORMATS, Exported
+from search_spaces.ours import OursPreset, OursSlot
 from storage import create_engine_for, open_study, optuna_storage, record_winner, session_factory, upgrade
 
 DEFAULT_TRIALS = 60
@@ -98,6 +96,8 @@ class TuneRequest:
     gpu: str | None = None
     """GPU model name results are keyed by; None: NVML's name of GPU 0, or "cpu"."""
     seed: int | None = None
+    consumer: Consumer | None = None
+    """Who runs the presets; None: each format's own (`search_spaces.formats.PresetFormat.consumer`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +109,8 @@ class TuneReport:
     reasons: dict[Slot, str]
     """Each study's last word: why it stopped or how it decided."""
     files: tuple[Path, ...]
+    choice: ConsumerChoice | None = None
+    """The joint choice of the consumer asked for (else of the NeMo YAML's, megatron); None with no winner."""
 
     @property
     def ok(self) -> bool:
@@ -150,15 +152,17 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     reasons = {slot: study.progress().note or "" for slot, study in studies.items()}
     decided = {slot: o for slot, o in outcomes.items() if o is not None}
     files: tuple[Path, ...] = ()
+    choice = None
     if decided:
         results = {slot: outcome.slot_result() for slot, outcome in decided.items()}
         ours = OursPreset(
             shape=shape, gpu=gpu, slots={s: OursSlot.of(o.best, o.best_measurement) for s, o in decided.items()}
         )
-        files = _write_preset(preset_from_results(shape, results, gpu=preset_gpu_name(gpu)), ours, request.out)
+        files = _write_presets(shape, results, ours, request, gpu=gpu)
+        choice = consumer_choice(results, request.consumer or Consumer.MEGATRON)
         _record_best(engine=engine, gpu=gpu, shape=shape, outcomes=decided)
     engine.dispose()
-    return TuneReport(shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files)
+    return TuneReport(shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files, choice=choice)
 
 
 @contextmanager
@@ -174,16 +178,22 @@ def _advance(bars: Progress, task: TaskID, study: SlotStudy, proposal: Proposal)
     bars.update(task, completed=done, description=f"{study.slot.value} ({progress.phase})")
 
 
-def _write_preset(preset: Preset, ours: OursPreset, out: Path) -> tuple[Path, ...]:
-    """The TE-exact winners as NeMo YAML and a TE ub_cfgs dict, the overall winners in our own format."""
-    out.mkdir(parents=True, exist_ok=True)
-    yaml_path = out / preset_file_name(preset)
-    yaml_path.write_text(write_nemo(preset), encoding="utf-8")
-    te_path = yaml_path.with_suffix(".json")
-    te_path.write_text(json.dumps(to_te_dict(preset), indent=2) + "\n", encoding="utf-8")
-    ours_path = out / ours_file_name(ours)
-    ours_path.write_text(write_ours(ours), encoding="utf-8")
-    return yaml_path, te_path, ours_path
+def _write_presets(
+    shape: ModelShape, results: Mapping[Slot, SlotResult], ours: OursPreset, request: TuneRequest, *, gpu: str
+) -> tuple[Path, ...]:
+    """Each of `TUNE_FORMATS` into ``request.out``: the TE formats with the TE-exact winners chosen for the
+    consumer asked for (else the format's own), ours with the overall winners."""
+    request.out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in TUNE_FORMATS:
+        fmt = FORMATS[name]
+        made_for = None if fmt.consumer is None else request.consumer or fmt.consumer
+        preset = preset_from_results(shape, results, gpu=preset_gpu_name(gpu), consumer=made_for)
+        exported = Exported(preset=preset, ours=ours)
+        path = request.out / fmt.file_name(exported)
+        path.write_text(fmt.write(exported), encoding="utf-8")
+        written.append(path)
+    return tuple(written)
 
 
 def _record_best(*, engine: Engine, gpu: str, shape: ModelShape, outcomes: dict[Slot, SlotOutcome]) -> None:

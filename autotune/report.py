@@ -11,6 +11,8 @@ from rich.table import Table
 
 from autotune.local import TuneReport
 from autotune.tuner.outcome import SlotOutcome
+from search_spaces.consumers import ConsumerChoice, describe, switch_lines
+from search_spaces.export import ALTERNATIVES_SHOWN
 
 COLUMNS = (
     "slot",
@@ -66,3 +68,14 @@ def _te_exact(outcome: SlotOutcome) -> str:
 
 def _gain(share: float | None) -> str:
     return "-" if share is None else f"{100 * share:+.1f}%"
+
+
+def choice_lines(choice: ConsumerChoice) -> list[str]:
+    """A consumer's joint choice as the lines `autotune tune` prints under its table: the switches, then the
+    settings compared with their summed times."""
+    lines = [f"for {choice.consumer.value}, run with:"]
+    lines += [f"  {line}" for line in switch_lines(choice.consumer, choice.chosen.setting)]
+    coupled = ", ".join(slot.value for slot in choice.coupled)
+    lines.append(f"settings compared (summed ms of {coupled}; the chosen one first):")
+    lines += [f"  {line}" for line in describe(choice.alternatives[:ALTERNATIVES_SHOWN], choice.coupled)]
+    return lines

@@ -22,8 +22,8 @@ from overlap_runtime.layers import TransformerOverlap
 from overlap_runtime.runtime import available_gpus
 from overlap_runtime.shape import ModelShape
 from overlap_runtime.uncertainty import spread
+from search_spaces.formats import read_preset
 from search_spaces.layer_configs import slot_configs, te_defaults
-from search_spaces.preset_files import read_preset
 from search_spaces.registry import nearest
 from search_spaces.te_dict import to_te_dict
 

@@ -15,7 +15,9 @@ defaults included, reaches TE.  Two traps follow (docs/export.md, Megatron-Bridg
 
 Reading parses the module with `ast` and never runs it: only class definitions and literal keyword
 arguments count, and each entry then goes through the same strict reader as a YAML entry
-(`te_dict.parse_entry`).  Notes become comments; they are not read back.
+(`te_dict.parse_entry`).  Notes become comments; they are not read back.  A preset made for a consumer says
+its switches in the docstring (read back) and, for Bridge, as a ``..._model_config`` dict of the model
+config's fields.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.knobs import BY_NAME
 from overlap_runtime.shape import Slot
 from search_spaces.catalog import PL, SLOT_ORDER
-from search_spaces.nemo_yaml import note_comment, read_text, shape_from_name
+from search_spaces.consumers import Consumer, defaults, parse_switch_record
+from search_spaces.nemo_yaml import consumer_header, note_comment, read_text, shape_from_name
 from search_spaces.presets import Preset, PresetError, PresetWarning, to_slot
 from search_spaces.te_dict import parse_entry, te_defaults, used_keys
 
@@ -209,6 +212,7 @@ def write_bridge(preset: Preset) -> str:
         "",
         f"Use: CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg={name}).",
         "Bridge hands dataclasses.asdict() of it to TE's initialize_ub(ub_cfgs=...), so every field reaches TE.",
+        *(["", *consumer_header(preset)] if preset.consumer is not None else []),
         '"""',
         "",
     ]
@@ -237,6 +241,16 @@ def write_bridge(preset: Preset) -> str:
         args = ", ".join(f"{key}={value!r}" for key, value in entry.values.items())
         lines.append(f"    {slot.value}={entry.cls.name}({args}),")
     lines.append(")")
+    if preset.consumer in (Consumer.BRIDGE, Consumer.MEGATRON):
+        fields = {"tp_comm_overlap": True} | {
+            k: v for k, v in preset.setting.items() if v != defaults(preset.consumer)[k]
+        }
+        lines += [
+            "",
+            "# The model config's TP-overlap fields this preset was measured with (Bridge leaves them to the model",
+            f"# config): for name, value in {name}_model_config.items(): setattr(model_config, name, value)",
+            f"{name}_model_config = {fields!r}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -286,7 +300,18 @@ def parse_bridge(text: str, *, name: str | None = None, source: str | None = Non
     var = _pick(presets, name)
     shape, gpu, dtype = shape_from_name(NAME.fullmatch(var), var)
     configs = _layer(presets[var], classes)
-    return Preset(configs=configs, shape=shape, gpu=gpu, dtype=dtype, source=f"{source}:{var}" if source else var)
+    docstring = ast.get_docstring(tree) or ""
+    made_for = next(filter(None, map(parse_switch_record, docstring.splitlines())), None)
+    consumer, setting = made_for if made_for is not None else (None, {})
+    return Preset(
+        configs=configs,
+        shape=shape,
+        gpu=gpu,
+        dtype=dtype,
+        source=f"{source}:{var}" if source else var,
+        consumer=consumer,
+        setting=setting,
+    )
 
 
 def _assigned(node: ast.stmt) -> str | None:

@@ -11,6 +11,11 @@ overlap).  So when no overlap (`Method.NONE`) wins a slot, the preset still carr
 config, and its note says that no overlap was faster, by how much, and which switch turns that overlap
 off.  When a dgrad slot wins with a reduce-scatter dgrad (ring_exchange / pipeline), TE refuses an entry
 for its wgrad slot, so that slot is dropped with a note.
+
+For a consumer (`search_spaces.consumers`: megatron, bridge, te-layer, te-modules) the slots the consumer's
+switches couple are chosen jointly (`consumers.choose`): each slot exports the TE-exact config of the mode the
+chosen switches make it run, and the preset carries the switches (`Preset.setting`), which every format
+writes in its header.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import RS_DGRAD_WGRAD, off_switch, slot_info
+from search_spaces.consumers import Consumer, ConsumerChoice, Measured, Mode, SlotModes, choose, describe, entry_mode
 from search_spaces.presets import Preset
 from search_spaces.te_dict import te_config
 from search_spaces.te_exact import te_deviations
@@ -42,6 +48,9 @@ class SlotResult:
     te_exact: OverlapConfig | None = None
     """The fastest valid TE-exact config (`te_exact.is_te_exact`): what the preset carries; None when none ran."""
     te_exact_measurement: Measurement | None = None
+    modes: SlotModes | None = None
+    """The fastest TE-exact config of each mode the slot ran (`consumers.SlotModes`); None: only the TE-exact
+    winner's mode, and no overlap where that won, are known (a verdict stored before modes were kept)."""
 
     def __post_init__(self) -> None:
         if (self.te_exact is None) != (self.te_exact_measurement is None):
@@ -52,14 +61,26 @@ class SlotResult:
             raise InputError("best_overlap", "must be a config that overlaps, not none", "none")
 
 
-def preset_from_results(shape: ModelShape, results: Mapping[Slot, SlotResult], *, gpu: str | None = None) -> Preset:
+def preset_from_results(
+    shape: ModelShape,
+    results: Mapping[Slot, SlotResult],
+    *,
+    gpu: str | None = None,
+    consumer: Consumer | None = None,
+    fixed: Mapping[str, bool] | None = None,
+) -> Preset:
     """The preset a tuning job exports: each slot's TE-exact winner with its measurement (else the nearest TE
-    entry to its winner, saying so), with the export rule's notes.  InputError for a ``te_exact`` that TE does
-    not run as measured."""
+    entry to its winner, saying so), with the export rule's notes.  With a ``consumer``, the slots its
+    switches couple take the TE-exact config of the mode the joint choice (``fixed`` switches held) makes them
+    run, and the preset carries the switches.  InputError for a ``te_exact`` that TE does not run as measured."""
     configs: dict[Slot, OverlapConfig] = {}
     notes: dict[Slot, str] = {}
     measurements: dict[Slot, Measurement] = {}
-    for slot, result in ((Slot(s), r) for s, r in results.items()):
+    results = {Slot(s): r for s, r in results.items()}
+    choice = None if consumer is None else consumer_choice(results, consumer, fixed=fixed)
+    for slot, result in results.items():
+        if choice is not None and _joint(choice, slot, result, shape, configs, notes, measurements):
+            continue
         if result.te_exact is not None and result.te_exact_measurement is not None:
             configs[slot] = te_config(slot, _exact(result.te_exact, shape.tp))
             measurements[slot] = result.te_exact_measurement
@@ -85,17 +106,90 @@ def preset_from_results(shape: ModelShape, results: Mapping[Slot, SlotResult], *
     for dgrad, wgrad in RS_DGRAD_WGRAD.items():
         if dgrad in configs and uses_rs_dgrad(dgrad, configs[dgrad].method):
             method = configs[dgrad].method.value
-            _note(
-                notes,
-                dgrad,
-                f"{method} reduce-scatters the dgrad output: run Megatron with --tp-comm-overlap-rs-dgrad (TE ub_overlap_rs_dgrad=True)",
-            )
+            if choice is None:
+                _note(
+                    notes,
+                    dgrad,
+                    f"{method} reduce-scatters the dgrad output: run Megatron with --tp-comm-overlap-rs-dgrad (TE ub_overlap_rs_dgrad=True)",
+                )
             configs.pop(wgrad, None)
             if wgrad in results:
                 notes[wgrad] = (
                     f"left out: TE refuses a {wgrad.value} entry while {dgrad.value} uses {method} (reduce-scatter dgrad)"
                 )
-    return Preset(configs=configs, shape=shape, gpu=gpu, dtype=shape.dtype, notes=notes, measurements=measurements)
+    if choice is None:
+        return Preset(configs=configs, shape=shape, gpu=gpu, dtype=shape.dtype, notes=notes, measurements=measurements)
+    return Preset(
+        configs=configs,
+        shape=shape,
+        gpu=gpu,
+        dtype=shape.dtype,
+        notes=notes,
+        measurements=measurements,
+        consumer=choice.consumer,
+        setting=choice.chosen.setting,
+        choice=tuple(describe(choice.alternatives[:ALTERNATIVES_SHOWN], choice.coupled)),
+    )
+
+
+def consumer_choice(
+    results: Mapping[Slot, SlotResult], consumer: Consumer, *, fixed: Mapping[str, bool] | None = None
+) -> ConsumerChoice:
+    """The consumer's joint choice over the slots' results (`consumers.choose`)."""
+    return choose(consumer, {Slot(slot): _modes_of(Slot(slot), r) for slot, r in results.items()}, fixed=fixed)
+
+
+ALTERNATIVES_SHOWN = 4
+"""The joint choice's alternatives a preset's header lists (fastest first; the chosen one leads)."""
+
+
+def _modes_of(slot: Slot, result: SlotResult) -> SlotModes:
+    """What the slot measured per mode: its modes, or for an older verdict its TE-exact winner's mode alone."""
+    if result.modes is not None:
+        return result.modes
+    if result.te_exact is None or result.te_exact_measurement is None:
+        return SlotModes(by_mode={})
+    exact = Measured(config=result.te_exact, measurement=result.te_exact_measurement)
+    return SlotModes(by_mode={entry_mode(slot, result.te_exact): exact})
+
+
+def _joint(
+    choice: ConsumerChoice,
+    slot: Slot,
+    result: SlotResult,
+    shape: ModelShape,
+    configs: dict[Slot, OverlapConfig],
+    notes: dict[Slot, str],
+    measurements: dict[Slot, Measurement],
+) -> bool:
+    """Export ``slot`` as the consumer's choice makes it run; False to leave it to the per-slot rule (a slot the
+    choice does not couple, or whose chosen mode has no TE-exact measurement)."""
+    mode = choice.chosen.modes.get(slot)
+    entry = choice.entries.get(slot)
+    if slot not in choice.coupled or mode is None:
+        return False
+    if entry is not None:
+        configs[slot] = te_config(slot, _exact(entry.config, shape.tp))
+        measurements[slot] = entry.measurement
+        _note(notes, slot, _te_exact_note(slot, result, entry.config, entry.measurement))
+        if mode == Mode.RS_DGRAD:
+            _note(
+                notes, slot, f"runs a reduce-scatter dgrad under the switches in the header ({choice.consumer.value})"
+            )
+        return True
+    if mode == Mode.NO_COMM:
+        notes[slot] = (
+            f"left out: its dgrad reduce-scatters under the switches in the header ({choice.consumer.value}), and TE refuses a {slot.value} entry then"
+        )
+        return True
+    if mode == Mode.OFF:
+        _note(
+            notes,
+            slot,
+            f"overlap off under the switches in the header ({choice.consumer.value}: {choice.chosen.label()})",
+        )
+        return False  # the entry still says how it would overlap, as for a slot no overlap won
+    return False
 
 
 NO_TE_EXACT = (

@@ -4,7 +4,7 @@ A preset is one of:
 
 - our own format (`search_spaces.ours`: the overall winners, runtime configs as measured on our runtime), run
   as they are, for the one shape it was tuned for;
-- any preset file TE reads (`preset_files.read_preset`: NeMo/Megatron YAML, TE's ``ub_cfgs`` JSON, a
+- any preset file TE reads (`formats.read_file`: NeMo/Megatron YAML, TE's ``ub_cfgs`` JSON, a
   Megatron-Bridge module), a ``ub_cfgs`` mapping, or a `Preset`: TE's effective entries, each turned into the
   runtime config that runs it on the backend (`defaults.as_runnable`).
 
@@ -16,7 +16,6 @@ nearest preset, made for another shape), TE's default for the slot, with the rea
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,8 @@ from overlap_runtime.layers import TransformerOverlap
 from overlap_runtime.shape import EXTERNAL_SLOTS, ModelShape, Slot, slot_gemm
 from search_spaces.catalog import tunable_slots
 from search_spaces.defaults import as_runnable, te_default
+from search_spaces.formats import read_file
 from search_spaces.ours import FORMAT, OursPreset, load_ours
-from search_spaces.preset_files import read_preset
 from search_spaces.presets import Preset
 from search_spaces.te_dict import parse_ub_cfgs
 
@@ -65,10 +64,10 @@ def slot_configs(
     strict: bool = True,
 ) -> SlotConfigs:
     """Every slot the preset configures, as a runtime config for ``shape`` (module docstring)."""
-    ours = _ours(source, shape, backend=backend, limits=limits)
-    if ours is not None:
-        return SlotConfigs(configs=dict(ours))
-    return _runnable(_te_preset(source), shape, backend=backend, limits=limits, strict=strict)
+    read = _read(source)
+    if isinstance(read, OursPreset):
+        return SlotConfigs(configs=_ours(read, shape, backend=backend, limits=limits))
+    return _runnable(read, shape, backend=backend, limits=limits, strict=strict)
 
 
 def te_defaults(shape: ModelShape, *, backend: str, limits: DeviceLimits | None = None) -> TransformerOverlap:
@@ -78,17 +77,10 @@ def te_defaults(shape: ModelShape, *, backend: str, limits: DeviceLimits | None 
 
 
 def _ours(
-    source: str | Path | Mapping[Any, Any] | Preset | OursPreset,
-    shape: ModelShape,
-    *,
-    backend: str,
-    limits: DeviceLimits | None,
-) -> Mapping[Slot, OverlapConfig] | None:
+    ours: OursPreset, shape: ModelShape, *, backend: str, limits: DeviceLimits | None
+) -> dict[Slot, OverlapConfig]:
     """Our own format's winners, run as measured (`search_spaces.ours`), each checked against the backend's
-    rules; None for a source in another format.  The format is for one shape, so another shape is refused."""
-    ours = _read_ours(source)
-    if ours is None:
-        return None
+    rules.  The format is for one shape, so another shape is refused."""
     if ours.shape.key != shape.key:
         raise InputError("shape", f"must be the shape the preset was tuned for, {ours.shape.key}", shape.key)
     configs = {slot: entry.config for slot, entry in ours.slots.items() if slot not in EXTERNAL_SLOTS}
@@ -100,27 +92,17 @@ def _ours(
     return configs
 
 
-def _read_ours(source: str | Path | Mapping[Any, Any] | Preset | OursPreset) -> OursPreset | None:
-    if isinstance(source, OursPreset):
+def _read(source: str | Path | Mapping[Any, Any] | Preset | OursPreset) -> Preset | OursPreset:
+    """The preset a source holds: a file in any format (`formats.read_file`), a ``ub_cfgs`` mapping (bare or
+    under ``ub_cfgs``) or our format's mapping, or the preset itself."""
+    if isinstance(source, Preset | OursPreset):
         return source
     if isinstance(source, Mapping):
-        return load_ours(json.dumps(source)) if source.get("format") == FORMAT else None
-    if isinstance(source, Preset) or Path(source).suffix not in (".yaml", ".yml", ".json"):
-        return None
-    text = Path(source).read_text(encoding="utf-8")
-    # Our files say which format they are in their first key; any other file is one of TE's formats.
-    return load_ours(text) if re.search(rf"^\W*format\W*:\s*\W*{FORMAT}\b", text, re.MULTILINE) else None
-
-
-def _te_preset(source: str | Path | Mapping[Any, Any] | Preset) -> Preset:
-    """A preset in one of TE's formats: a file (`preset_files.read_preset`: NeMo YAML, TE JSON, a Bridge
-    module), a ``ub_cfgs`` mapping (bare or under ``ub_cfgs``), or a `Preset`."""
-    if isinstance(source, Preset):
-        return source
-    if isinstance(source, Mapping):
+        if source.get("format") == FORMAT:
+            return load_ours(json.dumps(source))
         entries = source["ub_cfgs"] if isinstance(source.get("ub_cfgs"), Mapping) else source
         return Preset(configs=parse_ub_cfgs(entries))
-    return read_preset(source)
+    return read_file(source)
 
 
 def _runnable(

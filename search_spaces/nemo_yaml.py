@@ -8,7 +8,8 @@ reliable: docs/te_rules.md, NVIDIA's preset files), the dtype from the header's 
 where the name gives none: most of NVIDIA's H100 files name no dtype and say FP8 there.
 Writing follows NVIDIA's files: a header comment, slots grouped and ordered
 as NVIDIA orders them, NVIDIA's keys per method plus any key that differs from TE's default, flags as 0/1.
-Notes become comments; they are not read back.
+Notes become comments; they are not read back.  A preset made for a consumer (`search_spaces.consumers`) opens
+with the switches it needs, and their record (``# autotune-switches (megatron): ...``) is read back.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import yaml
 
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot
+from search_spaces.consumers import parse_switch_record, switch_lines, switch_record
 from search_spaces.presets import Preset, PresetError, PresetWarning
 from search_spaces.te_dict import FLAG_KEYS, parse_ub_cfgs, te_entry
 
@@ -87,7 +89,28 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
             stacklevel=2,
         )
     configs = parse_ub_cfgs(data)
-    return Preset(configs=configs, shape=shape, gpu=gpu, dtype=dtype, source=name)
+    made_for = next(filter(None, map(parse_switch_record, _comments(text))), None)
+    consumer, setting = made_for if made_for is not None else (None, {})
+    return Preset(configs=configs, shape=shape, gpu=gpu, dtype=dtype, source=name, consumer=consumer, setting=setting)
+
+
+def _comments(text: str) -> list[str]:
+    """The text of each whole-line comment, the header's first."""
+    return [line.strip()[1:] for line in text.splitlines() if line.strip().startswith("#")]
+
+
+def consumer_header(preset: Preset) -> list[str]:
+    """The lines a preset made for a consumer opens with (as comments): who runs it with which switches, the
+    machine-readable record of them (`consumers.switch_record`), and the joint choice's alternatives."""
+    if preset.consumer is None:
+        return []
+    lines = [f"Made for {preset.consumer.value}, run with:"]
+    lines += [f"  {line}" for line in switch_lines(preset.consumer, preset.setting)]
+    lines.append(switch_record(preset.consumer, preset.setting))
+    if preset.choice:
+        lines.append("Joint choice (summed ms of the slots the switches couple; chosen first):")
+        lines += [f"  {line}" for line in preset.choice]
+    return lines
 
 
 def _with_header_dtype(
@@ -150,6 +173,7 @@ def te_file_name(preset: Preset) -> str:
 def write_nemo(preset: Preset) -> str:
     """NeMo/Megatron YAML for ``preset``, laid out like NVIDIA's files; notes as comments."""
     lines = ["# UB communicator configurations", f"# Model configs: {_model_line(preset)}"]
+    lines += [f"# {line}" for line in consumer_header(preset)]
     lines += [note_comment(slot, note) for slot, note in preset.notes.items() if slot not in preset.configs]
     for title, slots in _SECTIONS:
         blocks = [_block(preset, slot) for slot in slots if slot in preset.configs]

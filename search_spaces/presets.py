@@ -27,6 +27,7 @@ from search_spaces.catalog import (
     slot_info,
     suggest,
 )
+from search_spaces.consumers import Consumer
 
 
 class PresetError(InputError):
@@ -56,6 +57,12 @@ class Preset:
     are left out (a preset read from a file, an entry TE runs otherwise than it was measured)."""
     source: str | None = None
     """Where the preset came from (a file name); not part of its content."""
+    consumer: Consumer | None = None
+    """Who the preset was made for (`search_spaces.consumers`); None: any, per slot."""
+    setting: Mapping[str, bool] = field(default_factory=dict)
+    """The consumer's switches that make it run the preset as measured (those at their defaults included)."""
+    choice: tuple[str, ...] = ()
+    """The joint choice's alternatives with their summed times, the chosen one first (informative)."""
 
     def __post_init__(self) -> None:
         configs = {to_slot(slot): config for slot, config in self.configs.items()}
@@ -86,8 +93,16 @@ class Preset:
     @property
     def missing(self) -> tuple[Slot, ...]:
         """The slots a tuning job tunes (TE's ten, not the external wgrad ones) that the preset leaves out:
-        TE runs its defaults there, which a truncated file does by accident."""
-        return tuple(info.slot for info in CATALOG if info.tuned and info.slot not in self.configs)
+        TE runs its defaults there, which a truncated file does by accident.  A wgrad beside a reduce-scatter
+        dgrad is not missing: TE refuses an entry for it."""
+        dropped = {wgrad for dgrad, wgrad in RS_DGRAD_WGRAD.items() if self._rs_dgrad(dgrad)}
+        return tuple(
+            info.slot for info in CATALOG if info.tuned and info.slot not in self.configs and info.slot not in dropped
+        )
+
+    def _rs_dgrad(self, dgrad: Slot) -> bool:
+        """Whether the entry of ``dgrad`` reduce-scatters (TE then refuses, and never reads, its wgrad's)."""
+        return dgrad in self.configs and uses_rs_dgrad(dgrad, self.configs[dgrad].method)
 
 
 def to_slot(name: object) -> Slot:

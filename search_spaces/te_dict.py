@@ -20,6 +20,7 @@ from overlap_runtime.knobs import BY_NAME, RUNTIME_ONLY_KNOBS, TE_KEYS, TE_MAX_S
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import Slot
 from search_spaces.catalog import AG, PL, RS, RX, collective, slot_info, suggest
+from search_spaces.consumers import rendered
 from search_spaces.presets import Preset, PresetError, PresetWarning, check_method, to_slot
 
 TE_NUM_MAX_STREAMS = 3
@@ -197,8 +198,9 @@ def to_te_dict(preset: Preset) -> dict[str, dict[str, Any]]:
 
 
 def preset_json(preset: Preset) -> dict[str, Any]:
-    """The normalized view of a preset: shape, GPU, dtype, TE's effective ub_cfgs, the notes, and the numbers
-    measured for each entry exactly as TE runs it (`MEASURED_NUMBERS`)."""
+    """The normalized view of a preset: shape, GPU, dtype, TE's effective ub_cfgs, the notes, the numbers
+    measured for each entry exactly as TE runs it (`MEASURED_NUMBERS`), and for a preset made for a consumer
+    the switches it needs (`consumers.rendered`) and the joint choice's alternatives."""
     shape = None
     if preset.shape is not None:
         shape = {f.name: getattr(preset.shape, f.name) for f in dataclasses.fields(preset.shape) if f.init}
@@ -209,6 +211,9 @@ def preset_json(preset: Preset) -> dict[str, Any]:
         "ub_cfgs": to_te_dict(preset),
         "notes": {slot.value: note for slot, note in preset.notes.items()},
         "measurements": {slot.value: measured_numbers(m) for slot, m in preset.measurements.items()},
+        "consumer": None if preset.consumer is None else preset.consumer.value,
+        "switches": None if preset.consumer is None else rendered(preset.consumer, preset.setting),
+        "choice": list(preset.choice),
     }
 
 

@@ -31,11 +31,13 @@ def create_job(
     backend: Backend,
     gpu: str | None = None,
     measure_first: Mapping[str, Sequence[OverlapConfig]] | None = None,
+    consumer: str | None = None,
     now: datetime | None = None,
 ) -> Job:
     """Queue a job; its layer studies are added by the controller when it picks the job up.
 
     ``measure_first``: per slot, configs that seed the slot's study when it is created (`first_configs`).
+    ``consumer``: who runs its presets (the job view shows that consumer's joint winner).
     """
     now = now or utcnow()
     job = Job(
@@ -50,6 +52,7 @@ def create_job(
         measure_first=None
         if measure_first is None
         else {slot: [c.to_dict() for c in configs] for slot, configs in measure_first.items()},
+        consumer=consumer,
         status=JobStatus.QUEUED,
         created_at=now,
         updated_at=now,

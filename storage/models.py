@@ -134,6 +134,8 @@ class Job(Base):
     """Trials per layer slot."""
     measure_first: Mapped[dict[str, Any] | None]
     """Slot -> the configs (`OverlapConfig.to_dict()`) the user asked to measure first; None when none."""
+    consumer: Mapped[str | None] = mapped_column(String(16))
+    """Who runs the job's presets (`search_spaces.consumers.Consumer`); None: the per-slot winners alone."""
     status: Mapped[JobStatus] = mapped_column(index=True)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(index=True)

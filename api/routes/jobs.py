@@ -62,6 +62,7 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep, resp
         backend=backend,
         gpu=body.gpu,
         measure_first=_measure_first(body, shape=shape, slots=slots, backend=backend),
+        consumer=None if body.consumer is None else body.consumer.value,
     )
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     response.headers["Retry-After"] = str(RETRY_AFTER_S)

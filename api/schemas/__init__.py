@@ -7,9 +7,12 @@ the controller serves without loading the server (tests/test_layers.py holds bot
 """
 
 from api.schemas.best import (
+    AlternativePublic,
     BestGroup,
     BestLayer,
     BestPublic,
+    ConsumerEntry,
+    ConsumerPublic,
     NearestLayer,
     NearestPublic,
     OutcomePublic,
@@ -62,6 +65,7 @@ from api.schemas.workers import (
 __all__ = [
     "MAX_FIRST_CONFIGS",
     "NAME_PATTERN",
+    "AlternativePublic",
     "Backend",
     "BaselinesCreate",
     "BestGroup",
@@ -70,6 +74,8 @@ __all__ = [
     "BestSoFar",
     "ClaimPublic",
     "ConfigBody",
+    "ConsumerEntry",
+    "ConsumerPublic",
     "ErrorItem",
     "ErrorPublic",
     "Finite",

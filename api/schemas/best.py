@@ -28,6 +28,8 @@ class OutcomePublic(BaseModel):
     te_exact: OverlapConfigBody | None = None
     """The fastest config that TE runs exactly as measured; None when none ran correctly."""
     te_exact_measurement: dict[str, Any] | None = None
+    modes: dict[str, dict[str, Any]] = {}
+    """The fastest TE-exact config of each mode (bulk, rs_dgrad, overlap, off) with its measurement."""
     spread: float
     n_trials: int
     n_failed: int
@@ -74,12 +76,49 @@ class NearestLayer(SlotAnswer[TeEntryBody]):
     """The nearest known preset's TE entry for a slot: nothing measured."""
 
 
+class AlternativePublic(BaseModel):
+    """One setting of a consumer's switches and the summed time of the slots they couple."""
+
+    label: str
+    """The switches it sets away from the consumer's defaults (``defaults`` when none)."""
+    changed: dict[str, bool]
+    total_ms: float | None
+    """None when a mode it needs was never measured."""
+    modes: dict[str, str]
+    """What each slot runs under it (`search_spaces.consumers.Mode`)."""
+    unmeasured: list[str] = []
+
+
+class ConsumerEntry(BaseModel):
+    mode: str
+    config: OverlapConfigBody | None
+    """The TE-exact config it runs in that mode; None for a slot switched off or a wgrad beside an RS-dgrad."""
+    measurement: dict[str, Any] | None
+
+
+class ConsumerPublic(BaseModel):
+    """A consumer's winner (``?consumer=``): the switches it needs and what each slot then runs."""
+
+    consumer: str
+    switches: dict[str, Any]
+    """In the consumer's own terms (`search_spaces.consumers.rendered`): megatron flags and config fields,
+    Bridge's model config fields, te.TransformerLayer's or each TE module's arguments."""
+    setting: dict[str, bool]
+    coupled: list[str]
+    """The slots whose modes the switches couple: the ones the sums add up."""
+    slots: dict[str, ConsumerEntry]
+    alternatives: list[AlternativePublic]
+    """Every distinct setting, the chosen one first, then fastest first."""
+
+
 class BestGroup(BaseModel):
     gpu: str
     dtype: str
     shape_key: str
     shape: dict[str, Any]
     layers: list[BestLayer]
+    consumer: ConsumerPublic | None = None
+    """With ``?consumer=``: that consumer's joint winner; the layers keep the per-slot winners."""
 
 
 class NearestPublic(BaseModel):

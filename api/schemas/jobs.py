@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.schemas.best import ConsumerPublic
 from api.schemas.common import (
     Backend,
     Name,
@@ -15,6 +16,7 @@ from api.schemas.common import (
     ShapeCreate,
     Strict,
 )
+from search_spaces.consumers import Consumer
 
 MAX_FIRST_CONFIGS = 16
 """Configs a job may ask to measure first per slot: each one is a trial of the slot's budget."""
@@ -45,6 +47,10 @@ class JobCreate(Strict):
     search proposes anything.  Each must be one the runtime runs for the slot on the job's backend, else a
     422 names the slot and the knob; one outside the slot's search space is measured as given.  They seed a study when it is created: a shape, slot and GPU model
     already tuned keep the study they have."""
+
+    consumer: Consumer | None = None
+    """Who will run the presets (megatron, bridge, te-layer, te-modules): the job view then shows that
+    consumer's joint winner, the switches it needs and the other settings' summed times."""
 
 
 class JobAccepted(BaseModel):
@@ -95,6 +101,7 @@ class JobSummary(BaseModel):
     backend: str
     gpu: str | None
     measure_first: dict[str, list[OverlapConfigBody]] | None
+    consumer: str | None = None
     error: str | None
     created_at: datetime
     updated_at: datetime
@@ -104,6 +111,8 @@ class JobSummary(BaseModel):
 class JobPublic(JobSummary):
     progress: Progress
     slots: list[SlotPublic]
+    consumer_choice: ConsumerPublic | None = None
+    """For a job that names a consumer, once all its slots are decided: the consumer's joint winner."""
     waiting_reason: str | None = None
     """Why the job makes no progress when no registered worker can run it (none has its backend, GPU model
     or GPU count, or the last one that could was lost); None while some live worker can, and once it ended."""

@@ -14,7 +14,8 @@ import typer
 from pydantic import BaseModel
 from rich.table import Table
 
-from api.schemas import BestLayer, JobPublic
+from api.schemas import BestLayer, ConsumerPublic, JobPublic
+from autotune.cli.consumer_options import FOR_HELP, For
 from autotune.cli.local_token import read_token
 from autotune.cli.output import console, write_out
 from autotune.cli.progress import JobProgress, waiting_reason
@@ -24,6 +25,9 @@ from autotune.tuner.gpu import CPU
 from overlap_runtime.config import Method
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
+from search_spaces import FORMATS, FormatName
+from search_spaces.consumers import Consumer, switch_lines
+from search_spaces.export import ALTERNATIVES_SHOWN
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -71,6 +75,7 @@ def submit(
         str | None, typer.Option(help="cpu | cuda | te (measured through TransformerEngine; controller default)")
     ] = None,
     gpu: JobGpu = None,
+    consumer: For = None,
     follow: Annotated[bool, typer.Option("--follow", help="Then show progress until the job ends")] = False,
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
@@ -79,7 +84,14 @@ def submit(
     """Queue a tuning job and print its id."""
     names = None if layers == "all" else [s.strip() for s in layers.split(",") if s.strip()]
     with _client(controller, token) as client:
-        accepted = client.submit(shape=shape, layers=names, n_trials=trials, backend=backend, gpu=gpu)
+        accepted = client.submit(
+            shape=shape,
+            layers=names,
+            n_trials=trials,
+            backend=backend,
+            gpu=gpu,
+            consumer=None if consumer is None else consumer.value,
+        )
         typer.echo(accepted.model_dump_json() if as_json else accepted.id)
         if reason := waiting_reason(client.job(accepted.id)):  # now, not after the user has waited for nothing
             typer.echo(f"warning: job {accepted.id} waits: {reason}", err=True)
@@ -149,13 +161,15 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
 def best(
     shape: dict[str, object],
     gpu: Gpu = None,
+    consumer: For = None,
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
-    """Each slot's best config for a shape; says so plainly when only the nearest known preset is available."""
+    """Each slot's best config for a shape; says so plainly when only the nearest known preset is available.
+    With ``--for``, also that consumer's joint winner: its switches and the other settings' summed times."""
     with _client(controller, token) as client:
-        answer = client.best(shape, gpu=gpu)
+        answer = client.best(shape, gpu=gpu, consumer=None if consumer is None else consumer.value)
     if as_json:
         typer.echo(answer.model_dump_json(indent=2))
         return
@@ -188,8 +202,29 @@ def best(
                 "; ".join(n for n in (_slower_than_serial(best), best.note) if n),
             )
         console().print(table)
+        if group.consumer is not None:
+            _print_consumer(group.consumer)
         if on_cpu:
             typer.echo(CPU_NOTE, err=True)
+
+
+def _print_consumer(choice: ConsumerPublic) -> None:
+    """A consumer's joint winner: what each slot runs, the switches, and every setting's summed time."""
+    consumer = Consumer(choice.consumer)
+    table = Table("slot", "runs", "TE-exact config", "overlap ms", title=f"for {choice.consumer}")
+    for slot, entry in choice.slots.items():
+        m = entry.measurement or {}
+        config = "-" if entry.config is None else _config_text(entry.config)
+        table.add_row(slot, entry.mode, config, _ms(m.get("overlap_ms")))
+    console().print(table)
+    for line in switch_lines(consumer, choice.setting):
+        typer.echo(f"run with: {line}")
+    typer.echo(f"settings compared (summed ms of {', '.join(choice.coupled)}):")
+    for alternative in choice.alternatives[:ALTERNATIVES_SHOWN]:
+        total = "not measured" if alternative.total_ms is None else f"{alternative.total_ms:.4g} ms"
+        typer.echo(f"  {alternative.label}: {total}")
+    if len(choice.alternatives) > ALTERNATIVES_SHOWN:
+        typer.echo(f"  ... {len(choice.alternatives) - ALTERNATIVES_SHOWN} more (--json)")
 
 
 CPU_NOTE = (
@@ -211,21 +246,22 @@ def _slower_than_serial(layer: BestLayer) -> str | None:
     return SLOWER_NOTE if slower and layer.config.to_config().method != Method.NONE else None
 
 
-FALLBACK_SUFFIX = {"nemo": "yaml", "te": "json", "bridge": "py", "ours": "yaml"}
-"""The file's suffix per format, for a controller that sends no file name."""
-
-
 @takes_shape_filter
 def export(
     shape: dict[str, object],
     gpu: Gpu = None,
     format: Annotated[
-        str,
+        FormatName,
+        typer.Option("--format", help="; ".join(f"{f.name.value}: {f.help}" for f in FORMATS.values())),
+    ] = FormatName.NEMO,
+    consumer: Annotated[
+        Consumer | None,
         typer.Option(
-            "--format",
-            help="nemo (YAML) | te (ub_cfgs JSON) | bridge (Megatron-Bridge module): TE-exact winners | ours (our runtime's)",
+            "--for",
+            help=f"{FOR_HELP}. Default: the format's own (nemo and bridge: megatron; te: te-modules)",
+            show_default=False,
         ),
-    ] = "nemo",
+    ] = None,
     out: Annotated[
         str, typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name: docs/cli.md")
     ] = ".",
@@ -234,10 +270,12 @@ def export(
 ) -> None:
     """Write the shape's preset file (NeMo/Megatron YAML of the TE-exact winners by default) and print its path."""
     with _client(controller, token) as client:
-        preset = client.preset(shape, gpu=gpu, format=format)
+        preset = client.preset(
+            shape, gpu=gpu, format=format.value, consumer=None if consumer is None else consumer.value
+        )
     if not preset.measured:
         typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
-    name = preset.file_name or f"preset.{FALLBACK_SUFFIX.get(format, 'yaml')}"  # the controller names it
+    name = preset.file_name or f"preset{FORMATS[format].suffix}"  # the controller names it
     typer.echo(str(write_out(out, preset.text, name=name)))
 
 

@@ -10,9 +10,10 @@ import typer
 
 from autotune import local
 from autotune.cli import output, signals
+from autotune.cli.consumer_options import For
 from autotune.cli.measure import BACKEND_HELP, default_backend
 from autotune.cli.shape_options import takes_shape
-from autotune.report import outcome_table
+from autotune.report import choice_lines, outcome_table
 from overlap_runtime.shape import ModelShape
 
 
@@ -26,6 +27,7 @@ def tune(
     out: Annotated[Path, typer.Option(help="Folder for the NeMo YAML and the TE dict")] = Path("presets"),
     gpu: Annotated[str | None, typer.Option(help="GPU model name to key results by (default: GPU 0's)")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampler seed, for reproducible searches")] = None,
+    consumer: For = None,
 ) -> None:
     """Tune every layer slot of a shape locally; run it again with the same arguments to resume."""
     signals.stop_on_sigterm()  # `kill` stops like Ctrl-C: the TP group is shut down, exit 130
@@ -38,10 +40,14 @@ def tune(
         db=db,
         gpu=gpu,
         seed=seed,
+        consumer=consumer,
     )
     console = output.console()
     report = local.tune(request, console=console)
     console.print(outcome_table(report))
+    if report.choice is not None:
+        for line in choice_lines(report.choice):
+            console.print(line, highlight=False)
     for path in report.files:
         console.print(f"wrote {path}")
     if not report.ok:

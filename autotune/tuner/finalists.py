@@ -22,6 +22,7 @@ from autotune.tuner.outcome import SlotOutcome
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import Slot
+from search_spaces.consumers import Measured, Mode, entry_mode
 from search_spaces.te_exact import is_te_exact
 
 TOP_K = 3
@@ -41,15 +42,18 @@ def measurement_failure(measurement: Measurement) -> str | None:
     return None
 
 
-def choose_finalists(history: History, *, tp: int, top_k: int = TOP_K) -> tuple[OverlapConfig, ...]:
+def choose_finalists(history: History, *, slot: Slot, tp: int, top_k: int = TOP_K) -> tuple[OverlapConfig, ...]:
     """The ``top_k`` fastest overlap configs, the `TE_TOP_K` fastest TE-exact ones at tensor-parallel size
-    ``tp``, then no overlap and TE's default where they ran correctly."""
+    ``tp``, the fastest TE-exact one of each mode the slot can run (qkv/fc1 dgrad: bulk and reduce-scatter,
+    between which a consumer's switches choose: `search_spaces.consumers`), then no overlap and TE's default
+    where they ran correctly."""
     ranked = [r.config for r in history.ranked() if r.config is not None]
     overlaps = [c for c in ranked if c.method != Method.NONE][:top_k]
-    te_exact = [c for c in ranked if is_te_exact(c, tp)][:TE_TOP_K]
+    te_exact = [c for c in ranked if is_te_exact(c, tp)]
+    per_mode = {entry_mode(slot, c): c for c in reversed(te_exact) if c.method != Method.NONE}
     references = [history.with_label(label) for label in (NONE, TE_DEFAULT)]
     extras = [r.config for r in references if r is not None and r.config is not None and r.state == TrialState.COMPLETE]
-    return tuple(dict.fromkeys([*overlaps, *te_exact, *extras]))
+    return tuple(dict.fromkeys([*overlaps, *te_exact[:TE_TOP_K], *per_mode.values(), *extras]))
 
 
 def decide(
@@ -63,7 +67,8 @@ def decide(
     notes: Sequence[str] = (),
 ) -> SlotOutcome | None:
     """The fastest valid candidate (its cv is the spread), the fastest that overlaps, the fastest TE-exact one
-    at tensor-parallel size ``tp``, and TE's default among them; None when no candidate ran correctly."""
+    at tensor-parallel size ``tp``, the fastest TE-exact one of each mode (no overlap as `Mode.OFF`), and TE's
+    default among them; None when no candidate ran correctly."""
     usable = [(c, m) for c, m in candidates if measurement_failure(m) is None]
     if not usable:
         return None
@@ -72,6 +77,11 @@ def decide(
     best_overlap, best_overlap_m = min(overlaps, key=lambda cm: cm[1].overlap_ms) if overlaps else (None, None)
     exact = [(c, m) for c, m in usable if is_te_exact(c, tp)]
     te_exact, te_exact_m = min(exact, key=lambda cm: cm[1].overlap_ms) if exact else (None, None)
+    modes: dict[Mode, Measured] = {}
+    offs = [(c, m) for c, m in usable if c.method == Method.NONE]
+    for config, measurement in sorted([*exact, *offs], key=lambda cm: -cm[1].overlap_ms):  # each mode's fastest last
+        mode = Mode.OFF if config.method == Method.NONE else entry_mode(slot, config)
+        modes[mode] = Measured(config=config, measurement=measurement)
     return SlotOutcome(
         slot=slot,
         best=best,
@@ -81,6 +91,7 @@ def decide(
         te_exact=te_exact,
         te_exact_measurement=te_exact_m,
         te_default_measurement=next((m for c, m in usable if c == te_default), None),
+        modes=modes,
         spread=best_m.cv,
         n_trials=n_trials,
         n_failed=n_failed,

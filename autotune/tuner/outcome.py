@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import Slot
+from search_spaces.consumers import Measured, Mode, SlotModes
 from search_spaces.export import SlotResult
 
 
@@ -39,6 +41,10 @@ class SlotOutcome:
     """The fastest valid config that TE runs exactly as measured (`search_spaces.te_exact`): what the TE
     exports carry; may equal best; None when no TE-exact config ran correctly."""
     te_exact_measurement: Measurement | None = None
+    modes: Mapping[Mode, Measured] = field(default_factory=dict)
+    """The fastest TE-exact config of each mode the slot ran (`search_spaces.consumers.Mode`: bulk or
+    reduce-scatter for qkv/fc1 dgrad, its overlap elsewhere, and no overlap as off): what a consumer's joint
+    choice picks from.  Empty in a verdict stored before modes were kept."""
     notes: tuple[str, ...] = ()
     """Why a baseline was skipped, why the finalists were not re-measured, ..."""
 
@@ -64,6 +70,7 @@ class SlotOutcome:
             best_overlap_ms=None if overlap is None else overlap.overlap_ms,
             te_exact=self.te_exact,
             te_exact_measurement=self.te_exact_measurement,
+            modes=SlotModes(by_mode=self.modes) if self.modes else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,6 +83,10 @@ class SlotOutcome:
             "te_default_measurement": _optional(self.te_default_measurement),
             "te_exact": _optional(self.te_exact),
             "te_exact_measurement": _optional(self.te_exact_measurement),
+            "modes": {
+                mode.value: {"config": m.config.to_dict(), "measurement": m.measurement.to_dict()}
+                for mode, m in self.modes.items()
+            },
             "spread": self.spread,
             "n_trials": self.n_trials,
             "n_failed": self.n_failed,
@@ -98,6 +109,12 @@ class SlotOutcome:
             te_default_measurement=measurement("te_default_measurement"),
             te_exact=None if data.get("te_exact") is None else OverlapConfig.from_dict(data["te_exact"]),
             te_exact_measurement=measurement("te_exact_measurement"),
+            modes={
+                Mode(mode): Measured(
+                    config=OverlapConfig.from_dict(m["config"]), measurement=Measurement.from_dict(m["measurement"])
+                )
+                for mode, m in (data.get("modes") or {}).items()
+            },
             spread=float(data["spread"]),
             n_trials=int(data["n_trials"]),
             n_failed=int(data["n_failed"]),

@@ -387,7 +387,7 @@ class SlotStudy:
         stored = self._study.user_attrs.get(_FINALISTS)
         if stored is None:
             stored = {
-                "configs": [c.to_dict() for c in choose_finalists(history, tp=self.shape.tp)],
+                "configs": [c.to_dict() for c in choose_finalists(history, slot=self.slot, tp=self.shape.tp)],
                 "stopped": self._stop_reason(history),
             }
             self._study.set_user_attr(_FINALISTS, stored)
