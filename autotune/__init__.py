@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-LAZY = ("load_ub_cfgs", "NoTunedPreset")
+LAZY = ("load_ub_cfgs", "NoTunedPreset", "ConsumerPreset")
 """Names of `autotune.load` this package exports, imported when first asked for."""
 
 

@@ -25,14 +25,16 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from autotune.tuner.gpu import preset_gpu_name
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, shape_fields
 from search_spaces import Preset, parse_te_json, presets_in, read_preset, to_te_dict
 from search_spaces.catalog import suggest
+from search_spaces.consumers import Consumer, check, parse_consumer, rendered, why
 from search_spaces.registry import shape_distance
 from search_spaces.shape_query import query_for
 
@@ -47,13 +49,47 @@ class NoTunedPreset(InputError):
     """No tuned result in the source matches the shape; the message names the nearest tuned shape."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConsumerPreset:
+    """What `load_ub_cfgs` returns for a consumer: the ``ub_cfgs`` and the switches that make the consumer run
+    them as measured (`search_spaces.consumers.rendered`: Megatron flags and config fields, Bridge's model
+    config fields, te.TransformerLayer's or each module's arguments)."""
+
+    consumer: Consumer
+    ub_cfgs: dict[str, dict[str, Any]]
+    switches: dict[str, object]
+
+
+@overload
 def load_ub_cfgs(
     *,
     shape: ModelShape | Mapping[str, object],
     source: str | os.PathLike[str],
     gpu: str | None = None,
     token: str | None = None,
-) -> dict[str, dict[str, Any]]:
+    consumer: None = None,
+) -> dict[str, dict[str, Any]]: ...
+
+
+@overload
+def load_ub_cfgs(
+    *,
+    shape: ModelShape | Mapping[str, object],
+    source: str | os.PathLike[str],
+    gpu: str | None = None,
+    token: str | None = None,
+    consumer: Consumer | str,
+) -> ConsumerPreset: ...
+
+
+def load_ub_cfgs(
+    *,
+    shape: ModelShape | Mapping[str, object],
+    source: str | os.PathLike[str],
+    gpu: str | None = None,
+    token: str | None = None,
+    consumer: Consumer | str | None = None,
+) -> dict[str, dict[str, Any]] | ConsumerPreset:
     """The ``ub_cfgs`` argument of TE's ``initialize_ub`` for the best tuned preset of ``shape`` in ``source``.
 
     ``shape``: a `ModelShape`, matched on every field it sets (ffn_hidden counts as 4 x hidden when unset), or
@@ -62,19 +98,38 @@ def load_ub_cfgs(
     results of several.  ``token``: sent as the bearer token (the controller's reads need none; a proxy in
     front of it may).
 
+    ``consumer`` (megatron, bridge, te-layer, te-modules): who runs the preset; then a `ConsumerPreset` comes
+    back, with the switches it needs: the winners chosen for that consumer from a database or a controller,
+    or a file's entries with the switches its header records for that consumer (else those that run it as
+    written, `InputError` naming the slots and the rule when none does).
+
     Raises `NoTunedPreset` (an `InputError`) when nothing tuned matches, naming the nearest tuned shape;
     `InputError` for a bad shape or an ambiguous source; the storage and client errors of their sources.
     """
     given = _given(shape)
+    made_for = None if consumer is None else parse_consumer(str(consumer))
     text = os.fspath(source)
     scheme = text.split("://", 1)[0] if "://" in text else None
     if scheme in CONTROLLER_SCHEMES:
-        preset = _from_controller(text, given, gpu=gpu, token=token)
+        preset = _from_controller(text, given, gpu=gpu, token=token, consumer=made_for)
     elif scheme is not None:
-        preset = _from_database(text, given, gpu=gpu)
+        preset = _from_database(text, given, gpu=gpu, consumer=made_for)
     else:
         preset = _from_files(Path(text), given, gpu=gpu)
-    return to_te_dict(preset)
+    if made_for is None:
+        return to_te_dict(preset)
+    return ConsumerPreset(consumer=made_for, ub_cfgs=to_te_dict(preset), switches=_switches(preset, made_for))
+
+
+def _switches(preset: Preset, consumer: Consumer) -> dict[str, object]:
+    """The switches that make ``consumer`` run ``preset`` as written: those it was made with, else the ones
+    `consumers.check` finds (InputError naming the slots and the rule when none runs it as written)."""
+    recorded = dict(preset.setting) if preset.consumer == consumer else {}
+    result = check(consumer, preset.configs, fixed=recorded)
+    if not result.ok:
+        rules = "; ".join(why(run, consumer, preset.configs) for run in result.not_as_written)
+        raise InputError(", ".join(run.slot.value for run in result.not_as_written), rules)
+    return rendered(consumer, result.setting)
 
 
 def _given(shape: ModelShape | Mapping[str, object]) -> dict[str, object]:
@@ -109,12 +164,14 @@ def _no_match(
     return NoTunedPreset("shape", rule, asked)
 
 
-def _from_controller(url: str, given: Mapping[str, object], *, gpu: str | None, token: str | None) -> Preset:
+def _from_controller(
+    url: str, given: Mapping[str, object], *, gpu: str | None, token: str | None, consumer: Consumer | None
+) -> Preset:
     """``GET /v1/presets?format=te``; a nearest (unmeasured) answer is refused, naming the finished jobs' shapes."""
     from autotune.client import Client  # an HTTP client only for a controller source
 
     with Client(url, token=token) as client:
-        answer = client.preset(given, gpu=gpu, format="te")
+        answer = client.preset(given, gpu=gpu, format="te", consumer=None if consumer is None else consumer.value)
         if answer.measured:
             return parse_te_json(answer.text)
         jobs = client.jobs(status="succeeded")
@@ -122,7 +179,7 @@ def _from_controller(url: str, given: Mapping[str, object], *, gpu: str | None, 
     raise _no_match(url, given, gpu, list(tuned.values()))
 
 
-def _from_database(url: str, given: Mapping[str, object], *, gpu: str | None) -> Preset:
+def _from_database(url: str, given: Mapping[str, object], *, gpu: str | None, consumer: Consumer | None) -> Preset:
     from sqlalchemy.engine import make_url  # a database driver only for a database source
 
     import storage
@@ -136,7 +193,7 @@ def _from_database(url: str, given: Mapping[str, object], *, gpu: str | None) ->
         with storage.session_factory(engine=engine)() as session:
             groups = measured_groups(session=session, query=query_for(given, gpu=gpu))
             if groups:
-                return measured_preset(one_group(groups))
+                return measured_preset(one_group(groups), consumer=consumer)
             tuned = [(shape, "stored winners") for shape in storage.tuned_shapes(session=session)]
     finally:
         engine.dispose()

@@ -22,8 +22,10 @@ from overlap_runtime.layers import TransformerOverlap
 from overlap_runtime.runtime import available_gpus
 from overlap_runtime.shape import ModelShape
 from overlap_runtime.uncertainty import spread
+from search_spaces.consumers import Consumer, check, layer_arguments, why
 from search_spaces.formats import read_preset
 from search_spaces.layer_configs import slot_configs, te_defaults
+from search_spaces.presets import Preset
 from search_spaces.registry import nearest
 from search_spaces.te_dict import to_te_dict
 
@@ -82,10 +84,20 @@ class Validation:
 
 
 def validate(
-    preset: Path, shape: ModelShape, *, backend: str, steps: int, warmup: int, rounds: int, gpu: str | None = None
+    preset: Path,
+    shape: ModelShape,
+    *,
+    backend: str,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    gpu: str | None = None,
+    consumer: Consumer | None = None,
 ) -> Validation:
     """Time every variant of `VARIANTS` for ``shape`` on ``backend`` (module docstring); ``gpu`` (default: GPU
-    0's model on a GPU backend) picks NVIDIA's nearest preset for that GPU."""
+    0's model on a GPU backend) picks NVIDIA's nearest preset for that GPU.  On the te backend, ``consumer``
+    builds the preset's layer with that consumer's switches (`preset_flags`), so it times what the consumer
+    runs."""
     if backend not in BACKENDS:
         raise InputError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
     if shape.tp < 2:
@@ -98,7 +110,10 @@ def validate(
     nvidia, distance = nearest(shape, gpu=None if gpu is None else preset_gpu_name(gpu), dtype=shape.dtype)
     notes = [f"nvidia: {nvidia.source} (distance {distance:g})"]
     if te is not None:
-        return _validate_te(te, preset, shape, nvidia, notes, steps=steps, warmup=warmup, rounds=rounds)
+        flags = None if consumer is None else preset_flags(read_preset(preset), consumer)
+        if flags is not None:
+            notes.append(f"preset: te.TransformerLayer with {consumer}'s switches: {flags}")
+        return _validate_te(te, preset, shape, nvidia, notes, steps=steps, warmup=warmup, rounds=rounds, flags=flags)
     return _validate_ours(preset, shape, nvidia, notes, backend=backend, steps=steps, warmup=warmup, rounds=rounds)
 
 
@@ -143,8 +158,21 @@ def _te_backend() -> Any:
     return te_backend
 
 
+def preset_flags(preset: Preset, consumer: Consumer) -> dict[str, bool]:
+    """The ``ub_*`` arguments of the te.TransformerLayer that runs ``preset`` as ``consumer`` does: under the
+    switches its header records for that consumer, else those that run it as written (`consumers.check`).
+    InputError naming the slots and the rule when the consumer cannot run it as written, or naming ``for`` when
+    its switches give the modules different arguments, which one layer-wide set cannot express."""
+    recorded = dict(preset.setting) if preset.consumer == consumer else {}
+    result = check(consumer, preset.configs, fixed=recorded)
+    if not result.ok:
+        rules = "; ".join(why(run, consumer, preset.configs) for run in result.not_as_written)
+        raise InputError(", ".join(run.slot.value for run in result.not_as_written), rules)
+    return layer_arguments(consumer, result.setting)
+
+
 def _validate_te(te: Any, preset: Path, shape: ModelShape, nvidia: Any, notes: list[str], *, steps: int,
-                 warmup: int, rounds: int) -> Validation:  # fmt: skip
+                 warmup: int, rounds: int, flags: dict[str, bool] | None) -> Validation:  # fmt: skip
     ub_cfgs: dict[str, dict | None] = {
         PRESET: to_te_dict(read_preset(preset)),
         NO_OVERLAP: None,
@@ -156,7 +184,8 @@ def _validate_te(te: Any, preset: Path, shape: ModelShape, nvidia: Any, notes: l
     try:
         for _ in range(rounds):
             for name, cfgs in ub_cfgs.items():
-                samples[name] += te.te_layer_step_ms(shape, cfgs, steps=steps, warmup=warmup, group=group)
+                own = flags if name == PRESET else None
+                samples[name] += te.te_layer_step_ms(shape, cfgs, steps=steps, warmup=warmup, group=group, flags=own)
     finally:
         group.close()
     timings = {name: VariantTiming(samples_ms=tuple(s)) for name, s in samples.items()}

@@ -259,11 +259,14 @@ DEFAULT_HEAD_DIM = 128
 """Head width of a layer whose shape names no head count (Llama's and GPT's)."""
 
 
-def layer_kwargs(shape: ModelShape, ub_cfgs: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
+def layer_kwargs(
+    shape: ModelShape, ub_cfgs: Mapping[str, Mapping[str, Any]] | None, flags: Mapping[str, bool] | None = None
+) -> dict[str, Any]:
     """``te.TransformerLayer``'s keyword arguments besides the group, dtype and device: sequence parallel,
     every userbuffers flag on under ``ub_tp_comm_overlap`` when ``ub_cfgs`` is given (None: no userbuffers),
     RS-dgrad where ``ub_cfgs`` gives qkv_dgrad or fc1_dgrad a method other than bulk (docs/te_rules.md,
-    RS-dgrad), no dropout, so that every variant computes the same thing."""
+    RS-dgrad), no dropout, so that every variant computes the same thing.  ``flags``: the consumer's own
+    ``ub_*`` arguments instead (a consumer's switches, `search_spaces.consumers.layer_arguments`)."""
     heads = shape.num_heads or shape.hidden // DEFAULT_HEAD_DIM
     rs_dgrad = any(
         Slot(name) in (Slot.QKV_DGRAD, Slot.FC1_DGRAD) and entry.get("method", "bulk") != Method.BULK.value
@@ -292,7 +295,7 @@ def layer_kwargs(shape: ModelShape, ub_cfgs: Mapping[str, Mapping[str, Any]] | N
         "ub_bulk_dgrad": overlap and not rs_dgrad,
         "ub_bulk_wgrad": overlap and not rs_dgrad,
         "attn_input_format": "sbhd",
-    }
+    } | ({} if flags is None or not overlap else {name: bool(value) for name, value in flags.items()})
 
 
 def layer_input_shape(shape: ModelShape) -> tuple[int, int, int]:

@@ -441,10 +441,12 @@ def te_layer_step_ms(
     steps: int,
     warmup: int,
     group: TPGroup | None = None,
+    flags: Mapping[str, bool] | None = None,
 ) -> list[float]:
     """Per-step times (ms, the slowest rank's) of one ``te.TransformerLayer`` forward and backward on a TP
     group of ``shape.tp`` GPUs, sequence parallel, with ``ub_tp_comm_overlap`` and ``ub_cfgs`` (None: no
-    userbuffers; ``{}``: TE's default config for every slot).
+    userbuffers; ``{}``: TE's default config for every slot), and the ``ub_*`` arguments ``flags`` where given
+    (a consumer's switches), else those ``ub_cfgs`` implies (`te_args.layer_kwargs`).
 
     Userbuffers are re-initialized for every call (destroy, then ``initialize_ub``), so each variant runs on
     its own; the layer's weights and inputs are built once per group and shape.  Pass the same ``group``
@@ -458,14 +460,21 @@ def te_layer_step_ms(
     group = group or te_group(shape.tp)
     try:
         cfgs = None if ub_cfgs is None else {k: dict(v) for k, v in ub_cfgs.items()}
-        return group.run(_layer_task, shape, cfgs, steps=steps, warmup=warmup, timeout_s=600.0)[0]
+        given = None if flags is None else dict(flags)
+        return group.run(_layer_task, shape, cfgs, given, steps=steps, warmup=warmup, timeout_s=600.0)[0]
     finally:
         if owned:
             group.close()
 
 
 def _layer_task(
-    ctx: RankContext, shape: ModelShape, cfgs: dict[str, Any] | None, *, steps: int, warmup: int
+    ctx: RankContext,
+    shape: ModelShape,
+    cfgs: dict[str, Any] | None,
+    flags: dict[str, bool] | None,
+    *,
+    steps: int,
+    warmup: int,
 ) -> list[float]:
     import torch
     import torch.distributed as dist
@@ -480,7 +489,7 @@ def _layer_task(
         base.destroy_ub()  # re-initialized for every variant, even one measured just before
         ub.current = None
     ub.ensure(shape, cfgs)
-    kwargs = layer_kwargs(shape, cfgs)
+    kwargs = layer_kwargs(shape, cfgs, flags)
     key = (shape, tuple(kwargs.items()))  # one layer per set of userbuffers flags (RS-dgrad or bulk, or none)
     layers = ctx.state.setdefault("te_layers", {})
     if key not in layers:

@@ -258,6 +258,40 @@ def _alternatives(
     return tuple(found.values())
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rule:
+    """A consumer rule this module encodes, with the source it was read from (docs/te_rules.md, Consumers)."""
+
+    id: str
+    consumers: tuple[Consumer, ...]
+    text: str
+    source: str
+    """``repository@commit:path:lines``."""
+
+
+TE = "NVIDIA/TransformerEngine@d0067d0"
+MEGATRON = "NVIDIA/Megatron-LM@d98e8a6"
+BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987"
+
+RULES: tuple[Rule, ...] = (
+    Rule(id="rs-dgrad-entry", consumers=tuple(Consumer), text="a ub_cfgs entry for qkv_dgrad or fc1_dgrad whose method is not bulk makes that slot a reduce-scatter, and an entry for its wgrad then raises ValueError", source=f"{TE}:transformer_engine/pytorch/module/base.py:516-536"),
+    Rule(id="te-module-mode", consumers=tuple(Consumer), text="a module's own arguments decide what its slots run; ub_overlap_rs_dgrad turns ub_bulk_dgrad and ub_bulk_wgrad off", source=f"{TE}:transformer_engine/pytorch/module/layernorm_linear.py:1389-1405; layernorm_mlp.py:2035-2042"),
+    Rule(id="rs-dgrad-on-bulk", consumers=tuple(Consumer), text="a reduce-scatter dgrad on a communicator built as bulk silently runs a pipelined GEMM+RS with the bulk entry's num_sm and num_splits", source=f"{TE}:transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp (CommOverlapBase serves bulk and pipeline alike); layernorm_linear.py:695-703"),
+    Rule(id="bulk-on-ring", consumers=tuple(Consumer), text="a bulk dgrad on a ring_exchange communicator raises NVTE_ERROR('Operation not supported.')", source=f"{TE}:transformer_engine/common/include/transformer_engine/comm_gemm_overlap.h:298-303"),
+    Rule(id="shared-dgrad-mode", consumers=(Consumer.MEGATRON, Consumer.BRIDGE, Consumer.TE_LAYER), text="qkv and fc1 get the same ub_overlap_rs_dgrad, ub_bulk_dgrad and ub_bulk_wgrad (Megatron: tp_comm_overlap_rs_dgrad, tp_comm_bulk_dgrad, tp_comm_bulk_wgrad; te.TransformerLayer: its own arguments)", source=f"{MEGATRON}:megatron/core/extensions/transformer_engine.py:1456-1472; {TE}:transformer_engine/pytorch/transformer.py:338-368"),
+    Rule(id="shared-ag-rs", consumers=(Consumer.MEGATRON, Consumer.BRIDGE, Consumer.TE_LAYER), text="every module gets the same ub_overlap_ag and ub_overlap_rs (tp_comm_overlap_ag, tp_comm_overlap_rs)", source=f"{MEGATRON}:megatron/core/extensions/transformer_engine.py:1189-1200, 1462-1466"),
+    Rule(id="per-layer-disable", consumers=(Consumer.MEGATRON, Consumer.BRIDGE), text="tp_comm_overlap_disable_qkv / _fc1 turn that layer's ub_overlap_ag and ub_overlap_rs_dgrad off, and have no CLI flag", source=f"{MEGATRON}:megatron/core/extensions/transformer_engine.py:1473-1479; megatron/training/arguments.py:2313-2314"),
+    Rule(id="megatron-flags", consumers=(Consumer.MEGATRON,), text="the TransformerConfig fields become flags: --tp-comm-overlap-rs-dgrad, --disable-tp-comm-bulk-dgrad, --disable-tp-comm-bulk-wgrad, --disable-tp-comm-overlap-ag, --disable-tp-comm-overlap-rs; --tp-comm-overlap-cfg goes to TE as is", source=f"{MEGATRON}:megatron/core/model_parallel_config.py:265-335; megatron/training/argument_utils.py:189-196; megatron/training/initialize.py:211-245"),
+    Rule(id="bridge-model-config", consumers=(Consumer.BRIDGE,), text="CommOverlapConfig.setup hands asdict() of the preset minus None values to TE and sets no rs-dgrad or bulk flag: those are model config fields", source=f"{BRIDGE}:src/megatron/bridge/training/comm_overlap.py:604-630"),
+    Rule(id="te-modules-own-args", consumers=(Consumer.TE_MODULES,), text="hand-built LayerNormLinear / Linear modules take every ub_* argument per module, all off by default", source=f"{TE}:transformer_engine/pytorch/module/layernorm_linear.py:1327-1331; linear.py"),
+    Rule(id="cublasmp", consumers=tuple(Consumer), text="with_cublasmp=True drops bulk and external (both dgrads default to ring_exchange, a bulk entry raises ValueError) and its communicators take only num_sm and atomic_gemm: num_splits, cga_size, aggregate, set_sm_margin, use_ce and the priorities are ignored", source=f"{TE}:transformer_engine/pytorch/module/base.py:415-419, 539-558; common/include/transformer_engine/comm_gemm_overlap.h:97-99, 200-203, 286-289"),
+)  # fmt: skip
+"""Every rule of the consumers, by id; docs/te_rules.md lists them and tests/test_consumers.py tests each."""
+
+CUBLASMP_IGNORED = ("num_splits", "cga_size", "aggregate", "set_sm_margin", "use_ce", "comm_priority", "gemm_priority")
+"""The ub_cfgs keys TE's cuBLASMp communicators ignore (rule cublasmp): they take num_sm and atomic_gemm only."""
+
+
 # -- the joint choice ------------------------------------------------------------------------------------
 
 
@@ -438,25 +472,32 @@ def why(run: SlotRun, consumer: Consumer, entries: Mapping[Slot, OverlapConfig])
     """Why ``consumer`` does not run ``run``'s entry of ``entries`` as written, naming the rule and the fix."""
     slot, mode = run.slot, run.mode
     other = next((s for s in RS_DGRAD_WGRAD if s != slot), slot)
+    other_mode = None if other not in entries else entry_mode(other, entries[other])
+    mixed = other_mode is not None and {run.asked, other_mode} == {Mode.BULK, Mode.RS_DGRAD}
+    shared = consumer != Consumer.TE_MODULES
+    because = (
+        f"{consumer.value} sets the dgrad mode of qkv and fc1 with one switch ({_shared(consumer)}) and "
+        f"{other.value} is {other_mode.value if other_mode else 'its default'}"
+        if mixed and shared
+        else f"{_shared(consumer)} is {'on' if mode == Mode.RS_DGRAD else 'off'} for it under these switches"
+    )
     bulk = (slot if run.asked == Mode.BULK else other).value.split("_")[0]
     fix = (
         f"; to run both as written, set tp_comm_overlap_disable_{bulk}=true, which also turns off "
         f"{bulk}_fprop's all-gather overlap"
-        if consumer in (Consumer.MEGATRON, Consumer.BRIDGE)
+        if mixed and consumer in (Consumer.MEGATRON, Consumer.BRIDGE)
         else ""
     )
     if mode == Mode.RS_DGRAD and run.asked == Mode.BULK:
         return (
-            f"{slot.value} is bulk, but {consumer.value} turns reduce-scatter dgrad on for qkv and fc1 alike "
-            f"({_shared(consumer)}), which {other.value} needs; TE then runs a pipelined GEMM+RS with the bulk "
-            f"entry's num_sm and num_splits (rule shared-dgrad-mode){fix}"
+            f"{slot.value} is bulk, but {because}: TE then runs a pipelined GEMM+RS with the bulk entry's num_sm "
+            f"and num_splits (rules shared-dgrad-mode, rs-dgrad-on-bulk){fix}"
         )
     if mode == Mode.BULK and run.asked == Mode.RS_DGRAD:
         method = entries[slot].method.value
         return (
-            f"{slot.value} uses {method} (a reduce-scatter dgrad), but {consumer.value} sets the dgrad mode of qkv "
-            f"and fc1 with one switch ({_shared(consumer)}) and {other.value} is bulk: without it {slot.value} runs "
-            f"bulk on a {method} communicator (rule shared-dgrad-mode){fix}"
+            f"{slot.value} uses {method} (a reduce-scatter dgrad), but {because}: it would run bulk on a {method} "
+            f"communicator, which raises NVTE_ERROR (rules shared-dgrad-mode, bulk-on-ring){fix}"
         )
     if mode in (Mode.OFF, Mode.NO_COMM):
         return f"{slot.value} runs no overlap under the switches the other entries need"
@@ -493,6 +534,25 @@ def rendered(consumer: Consumer, setting: Setting) -> dict[str, object]:
         return {"transformer_layer": {"ub_tp_comm_overlap": True, **values}}
     args = module_args(consumer, values)
     return {"modules": {m.value: {a.value: v for a, v in args[m].items()} for m in Module}}
+
+
+def layer_arguments(consumer: Consumer, setting: Setting) -> dict[str, bool]:
+    """The one set of ``ub_*`` arguments a ``te.TransformerLayer`` would need to run as ``consumer`` does under
+    ``setting``; InputError naming the switch when the consumer's modules get different ones (a per-layer
+    disable, or te-modules set apart), which one layer-wide set cannot express."""
+    args = module_args(consumer, setting)
+    merged: dict[str, bool] = {}
+    for arg in Arg:
+        values = {args[m][arg] for m in Module if arg in MODULE_ARGS[m]}
+        if len(values) > 1:
+            raise InputError(
+                "for",
+                f"{consumer.value} gives its modules different {arg.value} under these switches, and "
+                "te.TransformerLayer takes one set for all: validate with --for te-layer, or without per-layer switches",
+                consumer.value,
+            )
+        merged[arg.value] = values.pop()
+    return merged
 
 
 def switch_lines(consumer: Consumer, setting: Setting) -> list[str]:

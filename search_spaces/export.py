@@ -28,7 +28,18 @@ from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.catalog import RS_DGRAD_WGRAD, off_switch, slot_info
-from search_spaces.consumers import Consumer, ConsumerChoice, Measured, Mode, SlotModes, choose, describe, entry_mode
+from search_spaces.consumers import (
+    Consumer,
+    ConsumerChoice,
+    Measured,
+    Mode,
+    SlotModes,
+    check,
+    choose,
+    describe,
+    entry_mode,
+    why,
+)
 from search_spaces.presets import Preset
 from search_spaces.te_dict import te_config
 from search_spaces.te_exact import te_deviations
@@ -78,6 +89,8 @@ def preset_from_results(
     measurements: dict[Slot, Measurement] = {}
     results = {Slot(s): r for s, r in results.items()}
     choice = None if consumer is None else consumer_choice(results, consumer, fixed=fixed)
+    if choice is not None and choice.chosen.total_ms is None:
+        choice = None  # no mode of the coupled slots was measured (winners stored before modes were kept)
     for slot, result in results.items():
         if choice is not None and _joint(choice, slot, result, shape, configs, notes, measurements):
             continue
@@ -117,8 +130,20 @@ def preset_from_results(
                 notes[wgrad] = (
                     f"left out: TE refuses a {wgrad.value} entry while {dgrad.value} uses {method} (reduce-scatter dgrad)"
                 )
-    if choice is None:
+    if consumer is None:
         return Preset(configs=configs, shape=shape, gpu=gpu, dtype=shape.dtype, notes=notes, measurements=measurements)
+    if choice is None:
+        setting = _as_written(consumer, configs, notes, fixed)
+        return Preset(
+            configs=configs,
+            shape=shape,
+            gpu=gpu,
+            dtype=shape.dtype,
+            notes=notes,
+            measurements={s: m for s, m in measurements.items() if s in configs},
+            consumer=consumer,
+            setting=setting,
+        )
     return Preset(
         configs=configs,
         shape=shape,
@@ -130,6 +155,18 @@ def preset_from_results(
         setting=choice.chosen.setting,
         choice=tuple(describe(choice.alternatives[:ALTERNATIVES_SHOWN], choice.coupled)),
     )
+
+
+def _as_written(
+    consumer: Consumer, configs: dict[Slot, OverlapConfig], notes: dict[Slot, str], fixed: Mapping[str, bool] | None
+) -> Mapping[str, bool]:
+    """The consumer's switches that run most of the per-slot winners as written (`consumers.check`); an entry it
+    cannot run is left out (TE's default takes the slot, in the mode the switches give it) and says why."""
+    result = check(consumer, configs, fixed=fixed)
+    for run in result.not_as_written:
+        notes[run.slot] = f"left out for {consumer.value}: {why(run, consumer, configs)}"
+        configs.pop(run.slot)
+    return result.setting
 
 
 def consumer_choice(

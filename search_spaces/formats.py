@@ -32,7 +32,7 @@ import yaml
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 from search_spaces.bridge import bridge_file_name, read_bridge, write_bridge
-from search_spaces.consumers import Consumer
+from search_spaces.consumers import Consumer, defaults, parse_consumer, parse_setting
 from search_spaces.export import SlotResult, preset_from_results
 from search_spaces.nemo_yaml import parse_file_name, preset_file_name, read_nemo, read_text, te_file_name, write_nemo
 from search_spaces.ours import FILE_PREFIX as OURS_FILE_PREFIX
@@ -199,7 +199,18 @@ def parse_te_json(text: str, *, name: str | None = None) -> Preset:
     except (InputError, TypeError) as e:
         raise PresetError("shape", f"is not a shape TE can run: {e}") from None
     configs = parse_ub_cfgs(ub_cfgs)
-    return Preset(configs=configs, shape=shape, gpu=data.get("gpu"), dtype=data.get("dtype"), notes=notes, source=name)
+    consumer = None if data.get("consumer") is None else parse_consumer(str(data["consumer"]))
+    setting = {} if consumer is None else defaults(consumer) | parse_setting(consumer, data.get("setting") or {})
+    return Preset(
+        configs=configs,
+        shape=shape,
+        gpu=data.get("gpu"),
+        dtype=data.get("dtype"),
+        notes=notes,
+        source=name,
+        consumer=consumer,
+        setting=setting,
+    )
 
 
 def presets_in(folder: str | Path) -> list[Preset]:

@@ -213,6 +213,7 @@ def preset_json(preset: Preset) -> dict[str, Any]:
         "measurements": {slot.value: measured_numbers(m) for slot, m in preset.measurements.items()},
         "consumer": None if preset.consumer is None else preset.consumer.value,
         "switches": None if preset.consumer is None else rendered(preset.consumer, preset.setting),
+        "setting": dict(preset.setting),
         "choice": list(preset.choice),
     }
 

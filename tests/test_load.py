@@ -13,9 +13,10 @@ from sqlalchemy.engine import Engine
 
 import storage
 from autotune import NoTunedPreset, load_ub_cfgs
+from autotune.load import ConsumerPreset
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
-from search_spaces import OursPreset, ours_file_name, read_nemo, to_te_dict, write_bridge, write_ours
+from search_spaces import Consumer, OursPreset, ours_file_name, read_nemo, to_te_dict, write_bridge, write_ours
 
 pytest_plugins = ("conftest_storage",)  # db_url, engine
 
@@ -135,3 +136,32 @@ def test_a_database_gives_the_stored_winners_as_a_preset(db_url: str, engine: En
         load_ub_cfgs(shape=ModelShape(hidden=1024, tp=2, seq=2048), source=db_url)  # not gated: another model
     with pytest.raises(NoTunedPreset, match="1 doublings away, stored winners"):
         load_ub_cfgs(shape={**given, "seq": 4096}, source=db_url)
+
+
+def test_for_a_consumer_the_switches_come_with_the_ub_cfgs_from_a_database_and_from_a_file(
+    db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    """A database gives the winners chosen for the consumer and their switches; a file its entries with the
+    switches that run them as written, or an error naming the slots and the rule."""
+    rs = {"method": "ring_exchange"}
+    with storage.session_factory(engine=engine)() as session:
+        for slot in ("qkv_dgrad", "fc1_dgrad"):
+            storage.upsert_best(
+                session=session, gpu="NVIDIA H200", shape=SHAPE, slot=slot, config=rs, measurement={"overlap_ms": 1.0}
+            )
+    got = load_ub_cfgs(shape=SHAPE, source=db_url, consumer="megatron")
+    assert isinstance(got, ConsumerPreset) and got.consumer == Consumer.MEGATRON
+    assert got.ub_cfgs == load_ub_cfgs(shape=SHAPE, source=db_url)
+    assert got.switches == {"flags": ["--tp-comm-overlap", "--tp-comm-overlap-rs-dgrad"], "config": {}}
+    mixed = tmp_path / "ub_cfg_h200_bf16_h1024_tp2_mbs1_seqlen2048.yaml"
+    mixed.write_text(
+        "qkv_dgrad:\n  method: bulk\nfc1_dgrad:\n  method: ring_exchange\nqkv_fprop:\n  method: ring_exchange\nfc1_fprop:\n  method: ring_exchange\n"
+    )
+    shape = {"hidden": 1024, "tp": 2, "seq": 2048}
+    assert load_ub_cfgs(shape=shape, source=mixed, consumer="te-modules").switches["modules"]["fc1"][
+        "ub_overlap_rs_dgrad"
+    ]  # type: ignore[index]
+    with pytest.raises(InputError, match=r"fc1_dgrad: .*shared-dgrad-mode"):
+        load_ub_cfgs(shape=shape, source=mixed, consumer="megatron")
+    with pytest.raises(InputError, match="consumer: must be one of megatron, bridge, te-layer, te-modules"):
+        load_ub_cfgs(shape=shape, source=mixed, consumer="megatorn")

@@ -5,6 +5,7 @@ and any other sampler in its place."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -18,14 +19,16 @@ from autotune.local import drive
 from autotune.tuner.baselines import baselines
 from autotune.tuner.finalists import TOP_K
 from autotune.tuner.neighbours import family, neighbours
+from autotune.tuner.outcome import SlotOutcome
 from autotune.tuner.params import config_of, walk
 from autotune.tuner.replay import Landscape, ReplayBackend
-from autotune.tuner.sampler import LOCAL_AFTER, LOCAL_EVERY, TE_EXACT_SHARE, SlotSampler
+from autotune.tuner.sampler import LOCAL_AFTER, LOCAL_EVERY, MODE_RESERVE, TE_EXACT_SHARE, SlotSampler
 from autotune.tuner.studies import SlotStudy
 from autotune.tuner.te_subspace import TeSubspace
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import Slot
+from search_spaces.consumers import Mode, entry_mode
 from search_spaces.space import slot_space
 from search_spaces.te_exact import is_te_exact
 
@@ -186,3 +189,36 @@ def test_the_te_exact_subspace_walk_offers_only_choices_that_lead_to_te_exact_co
     walked = {subspace.walk(lambda name, allowed: rng.choice(allowed)) for _ in range(300)}
     assert walked <= set(subspace.configs) and len(walked) > len(subspace.configs) // 2
     assert set(subspace.configs) == {c for c in SPACE.configs() if is_te_exact(c, SHAPE.tp)}
+
+
+def bulk_far_faster(config: OverlapConfig) -> float:
+    """A dgrad slot where bulk leads by far: the search alone would rarely measure a reduce-scatter dgrad."""
+    if config.method == Method.NONE:
+        return 1.4
+    return (0.9 if config.method == Method.BULK else 1.3) + 0.02 * abs(math.log2((config.num_sm or 8) / 8))
+
+
+def test_a_dgrad_study_measures_and_re_measures_te_exact_candidates_of_both_modes_for_the_joint_choice() -> None:
+    """Whatever leads, a consumer choosing between bulk and reduce-scatter dgrads needs both measured: the TE
+    turns reserve `MODE_RESERVE` of each, and the finalists re-measure the best of each (`SlotOutcome.modes`)."""
+    land = synthetic_landscape(Slot.QKV_DGRAD, time_of=bulk_far_faster)
+    storage = InMemoryStorage()
+    study = SlotStudy(
+        storage=storage, gpu=GPU, shape=SHAPE, slot=Slot.QKV_DGRAD, backend="cuda", limits=H200, n_trials=20, seed=0
+    )
+    outcome = drive(study, measurer=ReplayBackend([land], seed=0))
+    assert outcome is not None
+    trials = optuna.load_study(study_name=study.name, storage=storage).trials
+    searched = [
+        OverlapConfig.from_dict(t.user_attrs["config"]) for t in trials if t.user_attrs["purpose"] != "finalist"
+    ]
+    exact = [c for c in searched if is_te_exact(c, SHAPE.tp)]
+    assert sum(entry_mode(Slot.QKV_DGRAD, c) == Mode.RS_DGRAD for c in exact) >= MODE_RESERVE
+    assert sum(entry_mode(Slot.QKV_DGRAD, c) == Mode.BULK for c in exact) >= MODE_RESERVE
+    assert set(outcome.modes) == {Mode.BULK, Mode.RS_DGRAD, Mode.OFF}
+    assert outcome.modes[Mode.BULK].config.method == Method.BULK
+    assert outcome.modes[Mode.RS_DGRAD].config.method in (Method.RING_EXCHANGE, Method.PIPELINE)
+    finalist = next(t for t in trials if t.user_attrs["purpose"] == "finalist")
+    batch = [OverlapConfig.from_dict(c) for c in finalist.user_attrs["proposal"]["configs"]]
+    assert outcome.modes[Mode.RS_DGRAD].config in batch and outcome.modes[Mode.BULK].config in batch
+    assert SlotOutcome.from_dict(outcome.to_dict()) == outcome

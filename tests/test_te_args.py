@@ -228,6 +228,10 @@ def test_the_layer_runs_sequence_parallel_with_every_flag_under_ub_tp_comm_overl
     assert layer_kwargs(shape, {}) == common | on | {"ub_bulk_dgrad": True, "ub_bulk_wgrad": True}
     rs_dgrad = {"qkv_dgrad": {"method": "ring_exchange"}}
     assert layer_kwargs(shape, rs_dgrad) == common | on | {"ub_overlap_rs_dgrad": True}
+    # A consumer's own arguments (its switches) win over what the entries imply.
+    flags = {"ub_overlap_ag": False, "ub_overlap_rs_dgrad": True, "ub_bulk_dgrad": False}
+    assert layer_kwargs(shape, {}, flags) == common | on | flags | {"ub_bulk_wgrad": True}
+    assert layer_kwargs(shape, None, flags) == common | off | {"ub_tp_comm_overlap": False}  # no userbuffers at all
     assert layer_kwargs(ModelShape(hidden=4096, tp=2, seq=1024), None)["num_attention_heads"] == 32  # head dim 128
     assert layer_input_shape(dataclasses.replace(shape, mbs=2, cp=2)) == (2048, 2, 8192)
 

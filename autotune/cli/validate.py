@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autotune.cli.consumer_options import For
 from autotune.cli.measure import default_backend
 from autotune.cli.shape_options import takes_shape
 from autotune.validation import BACKENDS, Validation, validate
@@ -29,13 +30,20 @@ def validate_command(
     warmup: Annotated[int, typer.Option(min=0, help="Untimed steps per variant first")] = 3,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds the variants are interleaved over")] = 3,
     gpu: Annotated[str | None, typer.Option(help="GPU model for NVIDIA's nearest preset (default: GPU 0's)")] = None,
+    consumer: For = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Time a TP transformer layer (forward + backward) with the preset and its alternatives."""
     backend = backend or default_backend()
     if backend not in BACKENDS:
         raise InputError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
-    result = validate(preset, shape, backend=backend, steps=steps, warmup=warmup, rounds=rounds, gpu=gpu)
+    if consumer is not None and backend != "te":
+        raise InputError(
+            "for", "builds te.TransformerLayer with the consumer's switches: it needs --backend te", backend
+        )
+    result = validate(
+        preset, shape, backend=backend, steps=steps, warmup=warmup, rounds=rounds, gpu=gpu, consumer=consumer
+    )
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return

@@ -19,6 +19,8 @@
    TE-exact choices (random for its first `TPE_STARTUP`), or a random untried TE-exact config.  Each slot keeps two
    winners (the overall one, and the best config TE runs exactly as measured, which the TE exports carry);
    the reserve makes the second one tuned, not a by-product of a search drawn to our runtime's own knobs.
+   Where a slot runs several modes (qkv/fc1 dgrad: bulk or reduce-scatter), the TE turns first measure
+   `MODE_RESERVE` TE-exact configs of each, so a consumer's joint choice always has candidates in each mode.
 
 It proposes whole configs: its relative search space is every param of the space (`autotune.tuner.params`) and
 `sample_relative` returns the chosen config's params, which the trial's define-by-run walk reads back.  It reads
@@ -51,9 +53,18 @@ from autotune.tuner.params import config_of, distributions, params_of, walk
 from autotune.tuner.proposal import Purpose
 from autotune.tuner.te_subspace import TeSubspace, among
 from overlap_runtime.config import OverlapConfig
+from search_spaces.consumers import Mode, entry_mode
 from search_spaces.space import SlotSpace
 
-__all__ = ["LOCAL_AFTER", "LOCAL_EVERY", "MAX_DUPLICATES", "TE_EXACT_SHARE", "TPE_STARTUP", "SlotSampler"]
+__all__ = [
+    "LOCAL_AFTER",
+    "LOCAL_EVERY",
+    "MAX_DUPLICATES",
+    "MODE_RESERVE",
+    "TE_EXACT_SHARE",
+    "TPE_STARTUP",
+    "SlotSampler",
+]
 
 MAX_DUPLICATES = 3
 """TPE proposals of known configs in a row before a local move (or, with none left, a random untried config)."""
@@ -72,6 +83,11 @@ H200 landscapes (10 seeds, default budget), the best TE-exact config the search 
 TE-exact optimum on average (50% on h4096 proj_fprop); with this reserve but no twins 7.9%, with the twins
 1.8%.  Four in ten of the default 30 trials is 12: the TE-exact baselines (TE's default, NVIDIA's preset),
 the twins of the leaders, the TE model's start-up and a few model-guided or local ones."""
+MODE_RESERVE = 2
+"""TE-exact configs measured per mode at least, where a slot runs several (qkv/fc1 dgrad: bulk, and reduce-
+scatter under ring_exchange or pipeline), before any other TE-exact proposal: a consumer whose switches set
+the mode of two slots at once chooses between the modes (`search_spaces.consumers.choose`), so each needs
+measured candidates whatever the search is drawn to."""
 FIXED_PARAMS = "fixed_params"
 """The system attr where Optuna keeps an enqueued trial's params until the trial is asked."""
 
@@ -139,6 +155,10 @@ class SlotSampler(BaseSampler):
             self._te_tpe = TPESampler(n_startup_trials=0, multivariate=True, group=True, constant_liar=False, seed=seed)
         self._te = TeSubspace.of(space)
         self._te_distributions = self._te.distributions()
+        self._te_modes: dict[Mode, list[OverlapConfig]] = {}
+        """The TE-exact configs of each mode the slot runs (`search_spaces.consumers.entry_mode`)."""
+        for config in self._te.configs:
+            self._te_modes.setdefault(entry_mode(space.slot, config), []).append(config)
         self._te_study: optuna.Study | None = None
         self._te_told: set[int] = set()
         """Numbers of the study's trials already copied into ``_te_study``."""
@@ -189,7 +209,7 @@ class SlotSampler(BaseSampler):
             if move is not None:
                 return move
         if self._te_turn(tried):
-            proposal = self._te_proposal(trial, tried)
+            proposal = self._mode_gap(tried) or self._te_proposal(trial, tried)
             if proposal is not None:
                 return proposal
         return self._untried_model_proposal(study, trial, tried)
@@ -278,6 +298,17 @@ class SlotSampler(BaseSampler):
         if not self._te:
             return False
         return self._te_count(tried) < TE_EXACT_SHARE * (len(tried) + 1)
+
+    def _mode_gap(self, tried: Tried) -> OverlapConfig | None:
+        """An untried TE-exact config of a mode with fewer than `MODE_RESERVE` tried; None when each has them
+        (or the slot runs one mode only)."""
+        if len(self._te_modes) < 2:
+            return None
+        for configs in self._te_modes.values():
+            untried = [c for c in configs if c not in tried]
+            if untried and len(configs) - len(untried) < MODE_RESERVE:
+                return self._rng.choice(untried)
+        return None
 
     def _te_count(self, tried: Tried) -> int:
         return sum(config in self._te for config in tried.trials)
