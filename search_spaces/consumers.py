@@ -368,17 +368,20 @@ def choose(consumer: Consumer, measured: Mapping[Slot, SlotModes], *, fixed: Set
 
     Only the slots whose modes differ between settings are summed (the others run the same in all).  Ties,
     and alternatives not measured, go to the setting closest to the consumer's defaults; a setting one of
-    whose modes was never measured cannot win.
+    whose modes was never measured cannot win, nor one that changes the mode of a slot not tuned at all.
     """
     known = _alternatives(consumer, tuple(sorted((fixed or {}).items())))
     alternatives = [setting for setting, _ in known]
     modes = [slot_mode for _, slot_mode in known]
     coupled = tuple(slot for slot in SLOT_ORDER if slot in measured and len({m.get(slot) for m in modes}) > 1)
     base = defaults(consumer)
+    start = modes[0]  # the setting closest to the defaults (all of them, fixed ones aside)
     scored: list[Alternative] = []
     for setting, slot_mode in zip(alternatives, modes, strict=True):
         times = {slot: measured[slot].time_ms(slot_mode[slot]) for slot in coupled}
-        unmeasured = tuple(slot for slot, t in times.items() if t is None)
+        # A slot that was not tuned is known only in the mode it runs by default: changing it cannot be scored.
+        untuned = tuple(slot for slot in _TUNED if slot not in measured and slot_mode[slot] != start[slot])
+        unmeasured = tuple(slot for slot, t in times.items() if t is None) + untuned
         total = None if unmeasured else sum(t for t in times.values() if t is not None)
         changed = {name: value for name, value in setting.items() if value != base[name]}
         scored.append(

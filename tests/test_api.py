@@ -21,10 +21,12 @@ from conftest_tuner import measurement
 
 import storage
 from api.settings import Settings
-from overlap_runtime.config import OverlapConfig
+from autotune.tuner.outcome import SlotOutcome
+from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot
-from search_spaces import bridge_file_name, load_ours, parse_bridge, preset_json
+from search_spaces import bridge_file_name, load_ours, parse_bridge, parse_nemo, preset_json
+from search_spaces.consumers import Measured, Mode
 from search_spaces.export import NO_TE_EXACT
 
 if TYPE_CHECKING:
@@ -442,3 +444,85 @@ def test_schemathesis_finds_no_server_error_and_no_spec_violation(idle_service: 
         command, capture_output=True, text=True, timeout=400, cwd=tmp_path, env={**os.environ, **hooks}
     )
     assert result.returncode == 0, result.stdout[-6000:]
+
+
+def test_a_consumers_winner_comes_with_its_switches_in_best_presets_and_the_job_view(
+    http: httpx.Client, idle_service: Service
+) -> None:
+    """Stored verdicts with both dgrad modes measured: megatron gets both slots in one mode and its flags,
+    te-modules each slot's own; the files say so in their headers; a job names its consumer."""
+    shape = ModelShape(hidden=64, tp=2, seq=1024)
+    bulk, ring = OverlapConfig(method="bulk", num_sm=16), OverlapConfig(method="ring_exchange")
+    engine = storage.create_engine_for(url=idle_service.db_url)
+    try:
+        with storage.session_factory(engine=engine)() as session:
+            # With its wgrad (bulk 1.1 ms, its GEMM alone 0.86 ms), qkv is faster bulk, fc1 far faster
+            # reduce-scatter: mixed per module (te-modules); both reduce-scatter jointly (megatron: 3.77 ms against
+            # 4.5 for both bulk, and 4.06 with qkv's layer switched off, which costs qkv_fprop 0.4 ms).
+            times = {
+                "qkv_dgrad": {Mode.BULK: 0.7, Mode.RS_DGRAD: 1.05},
+                "fc1_dgrad": {Mode.BULK: 1.6, Mode.RS_DGRAD: 1.0},
+                "qkv_wgrad": {Mode.BULK: 1.1, Mode.OFF: 1.4},
+                "fc1_wgrad": {Mode.BULK: 1.1, Mode.OFF: 1.4},
+                "qkv_fprop": {Mode.OVERLAP: 1.0, Mode.OFF: 1.4},
+                "fc1_fprop": {Mode.OVERLAP: 1.0, Mode.OFF: 1.4},
+            }
+            configs = {Mode.BULK: bulk, Mode.RS_DGRAD: ring, Mode.OVERLAP: ring, Mode.OFF: OverlapConfig(method="none")}
+            for slot, by_mode in times.items():
+                modes = {
+                    mode: Measured(config=configs[mode], measurement=measurement(ms)) for mode, ms in by_mode.items()
+                }
+                best = min((m for k, m in modes.items() if k != Mode.OFF), key=lambda m: m.measurement.overlap_ms)
+                outcome = SlotOutcome(
+                    slot=Slot(slot),
+                    best=best.config,
+                    best_measurement=best.measurement,
+                    best_overlap=best.config,
+                    best_overlap_measurement=best.measurement,
+                    te_default_measurement=None,
+                    te_exact=best.config,
+                    te_exact_measurement=best.measurement,
+                    modes=modes,
+                    spread=0.01,
+                    n_trials=10,
+                    n_failed=0,
+                )
+                storage.record_winner(session=session, gpu="NVIDIA H200", shape=shape, outcome=outcome)
+    finally:
+        engine.dispose()
+    query = {"hidden": 64, "tp": 2, "seq": 1024}
+    (group,) = http.get("/v1/best", params={**query, "consumer": "megatron"}).json()["results"]
+    choice = group["consumer"]
+    assert choice["switches"] == {"flags": ["--tp-comm-overlap", "--tp-comm-overlap-rs-dgrad"], "config": {}}
+    assert {s: e["mode"] for s, e in choice["slots"].items() if "dgrad" in s} == {
+        "qkv_dgrad": "rs_dgrad",
+        "fc1_dgrad": "rs_dgrad",
+    }
+    assert choice["slots"]["qkv_wgrad"] == {"mode": "no_comm", "config": None, "measurement": None}
+    assert choice["alternatives"][0]["label"] == "tp_comm_overlap_rs_dgrad=true"
+    assert (
+        choice["alternatives"][0]["total_ms"]
+        < next(a for a in choice["alternatives"] if a["label"] == "defaults")["total_ms"]
+    )
+    (own,) = http.get("/v1/best", params={**query, "consumer": "te-modules"}).json()["results"]
+    assert {s: e["mode"] for s, e in own["consumer"]["slots"].items() if "dgrad" in s} == {
+        "qkv_dgrad": "bulk",
+        "fc1_dgrad": "rs_dgrad",
+    }
+    assert http.get("/v1/best", params=query).json()["results"][0]["consumer"] is None
+    nemo = http.get("/v1/presets", params=query).text  # nemo: made for megatron by default
+    assert "# autotune-switches (megatron): tp_comm_overlap_rs_dgrad=true" in nemo
+    assert parse_nemo(nemo).configs[Slot.QKV_DGRAD].method == Method.RING_EXCHANGE
+    te = http.get("/v1/presets", params={**query, "format": "te"}).json()  # te: te-modules by default
+    assert te["consumer"] == "te-modules" and te["ub_cfgs"]["qkv_dgrad"]["method"] == "bulk"
+    assert te["switches"]["modules"]["fc1"]["ub_overlap_rs_dgrad"] is True
+    layer = http.get("/v1/presets", params={**query, "format": "te", "consumer": "te-layer"}).json()
+    assert layer["switches"]["transformer_layer"]["ub_overlap_rs_dgrad"] is True
+    bad = http.get("/v1/presets", params={**query, "consumer": "megatorn"})
+    assert bad.status_code == 422 and errors_of(bad)[0]["field"] == "consumer"
+    accepted = http.post("/v1/jobs", json={"shape": {"hidden": 64, "tp": 2, "seq": 1024}, "consumer": "bridge"})
+    assert accepted.status_code == 202
+    job = http.get(f"/v1/jobs/{accepted.json()['id']}").json()
+    assert job["consumer"] == "bridge" and job["consumer_choice"] is None  # nothing decided yet
+    refused = http.post("/v1/jobs", json={"shape": {"hidden": 64, "tp": 2, "seq": 1024}, "consumer": "nemo"})
+    assert refused.status_code == 422 and errors_of(refused)[0]["field"] == "consumer"

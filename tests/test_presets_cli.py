@@ -8,9 +8,13 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+import pytest
 import yaml
+from conftest_tuner import measurement
 
-from search_spaces import preset_json, read_nemo, to_te_dict
+from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.shape import ModelShape, Slot
+from search_spaces import OursPreset, OursSlot, ours_file_name, preset_json, read_nemo, to_te_dict, write_ours
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 PRESETS = Path(str(resources.files("search_spaces") / "nvidia_presets"))
@@ -160,3 +164,73 @@ def test_a_te_json_validates_bare_or_with_its_shape(tmp_path: Path) -> None:
         assert got == preset_json(read_nemo(LLAMA3_70B)) | {"warnings": []}
     normalized.write_text('{"ub_cfgs": {"qkv_fprp": {}}}')
     assert run("validate", str(normalized)).stderr.startswith("error: qkv_fprp: is not a TE userbuffers slot")
+
+
+BRIDGE_PRESETS = PRESETS / "bridge" / "comm_overlap_presets.py"
+LORA = "userbuffers_fp8_h100_h8192_tp2_mbs1_seqlen4096_lora"
+
+
+def test_validate_for_a_consumer_says_what_it_runs_and_refuses_what_it_cannot_run_as_written() -> None:
+    """NVIDIA's Bridge LoRA preset mixes a bulk qkv_dgrad with a pipeline fc1_dgrad: Megatron and Bridge run it
+    only with tp_comm_overlap_disable_qkv (as NeMo's own script sets), hand-built TE modules as it is."""
+    refused = run("validate", str(BRIDGE_PRESETS), "--preset", LORA, "--for", "megatron")
+    assert refused.returncode == 2, refused.stderr
+    assert "error: fc1_dgrad: " in refused.stderr and "tp_comm_overlap_disable_qkv=true" in refused.stderr
+    runs = json.loads(refused.stdout)["runs"]
+    assert runs["slots"]["fc1_dgrad"] == {"runs": "bulk", "asked": "rs_dgrad"}
+    fixed = run(
+        "validate",
+        str(BRIDGE_PRESETS),
+        "--preset",
+        LORA,
+        "--for",
+        "bridge",
+        "--set",
+        "tp_comm_overlap_disable_qkv=true",
+    )
+    assert fixed.returncode == 0, fixed.stderr
+    runs = json.loads(fixed.stdout)["runs"]
+    assert runs["switches"] == {
+        "model_config": {"tp_comm_overlap": True, "tp_comm_overlap_rs_dgrad": True, "tp_comm_overlap_disable_qkv": True}
+    }
+    assert runs["slots"]["qkv_fprop"] == {"runs": "off", "asked": "overlap"} and runs["problems"] == []
+    own = run("validate", str(BRIDGE_PRESETS), "--preset", LORA, "--for", "te-modules")
+    assert own.returncode == 0 and json.loads(own.stdout)["runs"]["switches"]["modules"]["fc1"]["ub_overlap_rs_dgrad"]
+    for bad, field in (
+        (["--for", "nemo"], "--for"),
+        (["--for", "megatron", "--set", "tp_comm_overlap_rs_dgrad"], "--set"),
+        (["--for", "megatron", "--set", "nosuch=true"], "switch"),
+    ):
+        wrong = run("validate", str(BRIDGE_PRESETS), "--preset", LORA, *bad)
+        assert wrong.returncode == 2 and field in wrong.stderr, (bad, wrong.stderr)
+
+
+@pytest.mark.parametrize("consumer", ["megatron", "bridge", "te-layer", "te-modules"])
+def test_an_nvidia_yaml_validates_for_every_consumer_with_the_switches_it_needs(consumer: str) -> None:
+    """(Every NVIDIA preset's verdict per consumer is checked in-process: tests/test_consumers.py.)"""
+    done = run("validate", str(LLAMA3_70B), "--for", consumer)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(done.stdout)["runs"]
+    assert runs["consumer"] == consumer and runs["problems"] == []
+    assert runs["slots"]["qkv_dgrad"] == {"runs": "bulk", "asked": "bulk"}
+
+
+def test_our_own_format_validates_and_converts_to_te_as_te_runs_it(tmp_path: Path) -> None:
+    ours = OursPreset(
+        shape=ModelShape(hidden=1024, tp=2, seq=2048),
+        gpu="NVIDIA H200",
+        slots={
+            Slot.QKV_FPROP: OursSlot.of(
+                OverlapConfig(method=Method.RING_EXCHANGE, gemm="triton", num_max_streams=1), measurement(1.0)
+            )
+        },
+    )
+    path = tmp_path / ours_file_name(ours)
+    path.write_text(write_ours(ours))
+    checked = run("validate", str(path))
+    assert checked.returncode == 0, checked.stderr
+    view = json.loads(checked.stdout)
+    assert view["ours"]["slots"]["qkv_fprop"]["config"]["gemm"] == "triton"
+    assert "measured with" in view["notes"]["qkv_fprop"]  # what TE runs differs, and the note says how
+    converted = run("convert", str(path), "--to", "te")
+    assert converted.returncode == 0 and json.loads(converted.stdout)["qkv_fprop"]["method"] == "ring_exchange"

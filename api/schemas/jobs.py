@@ -48,7 +48,7 @@ class JobCreate(Strict):
     422 names the slot and the knob; one outside the slot's search space is measured as given.  They seed a study when it is created: a shape, slot and GPU model
     already tuned keep the study they have."""
 
-    consumer: Consumer | None = None
+    consumer: Annotated[Consumer, Field(strict=False)] | None = None  # JSON gives the name: not strict for enums
     """Who will run the presets (megatron, bridge, te-layer, te-modules): the job view then shows that
     consumer's joint winner, the switches it needs and the other settings' summed times."""
 
