@@ -55,7 +55,7 @@ from overlap_runtime.config import DeviceLimits, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import ModelShape, Slot
-from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialPurpose, TrialState
+from storage import Backend, Job, JobStatus, LayerStudy, Trial, TrialState
 
 log = logging.getLogger(__name__)
 
@@ -404,7 +404,7 @@ def _add(*, session: Session, study: LayerStudy, proposal: Proposal) -> None:
         study_id=study.id,
         optuna_trial_number=proposal.number,
         config=proposal.to_dict(),
-        purpose=TrialPurpose(proposal.purpose.value),
+        purpose=proposal.purpose,
     )
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from overlap_runtime.errors import InputError
+from overlap_runtime.knobs import Backend
 
 LOOPBACK_NAMES = ("localhost",)
 LEASE_PASSES = 4
@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     `token`, the single-token setup of one user's machine."""
     no_auth: bool = False
     """Serve without a token; only allowed on a loopback bind."""
-    default_backend: Literal["cpu", "cuda", "te"] = "cuda"
+    default_backend: Backend = Backend.CUDA
     """Backend of a job that names none (`autotune serve --local-worker --backend cpu` makes it cpu)."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)

@@ -18,6 +18,7 @@ from typing import Any
 
 from autotune.tuner.gpu import device_gpu_name, preset_gpu_name
 from overlap_runtime.errors import InputError
+from overlap_runtime.knobs import BACKENDS
 from overlap_runtime.layers import TransformerOverlap
 from overlap_runtime.runtime import available_gpus
 from overlap_runtime.shape import ModelShape
@@ -31,7 +32,6 @@ from search_spaces.te_dict import to_te_dict
 
 PRESET, NO_OVERLAP, TE_DEFAULT, NVIDIA, ASYNC_TP = "preset", "no_overlap", "te_default", "nvidia", "torch_async_tp"
 VARIANTS = (PRESET, NO_OVERLAP, TE_DEFAULT, NVIDIA, ASYNC_TP)
-BACKENDS = ("cpu", "cuda", "te")
 TE_MISSING = (
     "te needs TransformerEngine (pip install transformer_engine[pytorch], or an NGC PyTorch container) and its "
     "backend module overlap_runtime.te_backend"

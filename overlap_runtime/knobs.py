@@ -17,11 +17,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-RUNTIME_BACKENDS = ("cpu", "cuda")
-"""The backends our own runtime measures on: gloo ranks on an emulated GPU, or CUDA GPUs."""
-TE = "te"
-"""The backend that measures through TransformerEngine itself (`overlap_runtime.te_backend`)."""
-BACKENDS = (*RUNTIME_BACKENDS, TE)
+
+class Backend(enum.StrEnum):
+    """Where a config is measured: gloo ranks on an emulated GPU (tests, demos, no-GPU machines), CUDA GPUs, or
+    CUDA GPUs through TransformerEngine itself (`overlap_runtime.te_backend`).  A job's trials run on its
+    backend; a str compares equal to its value ("cpu" == Backend.CPU)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    TE = "te"
+
+
+RUNTIME_BACKENDS = (Backend.CPU, Backend.CUDA)
+"""The backends our own runtime measures on."""
+TE = Backend.TE
+BACKENDS = tuple(Backend)
 GEMM_KINDS = ("triton", "cublas")
 MAX_NUM_SM = 64
 MAX_NUM_SPLITS = 16

@@ -20,6 +20,9 @@ from sqlalchemy import JSON, DateTime, Dialect, Enum, ForeignKey, Index, Integer
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from autotune.tuner.proposal import Purpose
+from overlap_runtime.knobs import Backend
+
 TABLE_PREFIX = "autotune_"
 
 
@@ -70,24 +73,6 @@ class TrialState(enum.StrEnum):
     FAILED = "failed"
 
 
-class TrialPurpose(enum.StrEnum):
-    """Why the tuner asked for this measurement: sampled, a known baseline, or a finalist re-measured."""
-
-    SEARCH = "search"
-    BASELINE = "baseline"
-    FINALIST = "finalist"
-
-
-class Backend(enum.StrEnum):
-    """Where a job's trials run: CUDA GPUs, gloo ranks on the CPU (tests, demos, no-GPU machines), or CUDA
-    GPUs through TransformerEngine."""
-
-    CPU = "cpu"
-    CUDA = "cuda"
-    TE = "te"
-    """CUDA GPUs, every config measured through TransformerEngine itself (`overlap_runtime.te_backend`)."""
-
-
 class WorkerStatus(enum.StrEnum):
     """Busy while it holds a claimed trial; lost when its heartbeats stopped (it comes back on the next one)."""
 
@@ -108,7 +93,7 @@ class Base(DeclarativeBase):
         list[str]: JSON(),
         JobStatus: _enum(JobStatus),
         TrialState: _enum(TrialState),
-        TrialPurpose: _enum(TrialPurpose),
+        Purpose: _enum(Purpose),
         Backend: _enum(Backend),
         WorkerStatus: _enum(WorkerStatus),
     }
@@ -176,7 +161,7 @@ class Trial(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey(f"{TABLE_PREFIX}layer_studies.id", ondelete="CASCADE"), index=True)
     optuna_trial_number: Mapped[int]
     """Not unique: a finalist re-measurement may repeat the number of the trial it re-measures."""
-    purpose: Mapped[TrialPurpose]
+    purpose: Mapped[Purpose]
     config: Mapped[dict[str, Any]]
     state: Mapped[TrialState]
     measurement: Mapped[dict[str, Any] | None]

@@ -33,8 +33,8 @@ from storage.models import (
     Backend,
     Job,
     LayerStudy,
+    Purpose,
     Trial,
-    TrialPurpose,
     TrialState,
     Worker,
     WorkerStatus,
@@ -63,14 +63,14 @@ def add_trial(
     study_id: int,
     optuna_trial_number: int,
     config: Mapping[str, Any],
-    purpose: TrialPurpose = TrialPurpose.SEARCH,
+    purpose: Purpose = Purpose.SEARCH,
     now: datetime | None = None,
 ) -> Trial:
     """Queue a config the controller asked Optuna for (or a baseline / finalist re-run) as a waiting trial."""
     trial = Trial(
         study_id=study_id,
         optuna_trial_number=optuna_trial_number,
-        purpose=TrialPurpose(purpose),
+        purpose=Purpose(purpose),
         config=dict(config),
         state=TrialState.WAITING,
         attempts=0,

@@ -97,6 +97,13 @@ def test_best_and_export_write_what_was_measured(cpu_service: Service, finished_
     module = Path(bridge.stdout.strip())
     assert module.name == "userbuffers_bf16_cpu_h64_tp2_mbs1_seqlen32.py"
     assert parse_bridge(module.read_text()).configs == parse_nemo(path.read_text(), name=path.name).configs
+    # Made for a consumer: the file's header and --json carry the switches it needs.
+    made = run(cpu_service, "export", *SHAPE_ARGS, "--for", "te-layer", "--json", "--out", str(tmp_path / "layer.yaml"))
+    assert made.exit_code == 0, made.output
+    said = json.loads(made.stdout)
+    assert said["consumer"] == "te-layer" and said["measured"] is True
+    assert said["switches"]["transformer_layer"]["ub_tp_comm_overlap"] is True
+    assert "# autotune-switches (te-layer): " in Path(said["file"]).read_text()
 
 
 @pytest.mark.slow

@@ -62,7 +62,7 @@ def fastest_ms(trial: dict[str, Any]) -> float | None:
 
 def preset_query(job: dict[str, Any]) -> dict[str, str]:
     query = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in job["shape"].items() if v is not None}
-    return query | {"gpu": "cpu"}
+    return query | {"gpu": "cpu", "consumer": job["consumer"]}
 
 
 def download(page: Page, tab: str) -> str:
@@ -79,7 +79,7 @@ def test_the_dashboard_follows_a_cpu_job_to_its_charts_and_preset(
     service.start_controller()
     service.start_worker()
     auth = {"Authorization": f"Bearer {service.token}"}
-    body = {"shape": SHAPE, "layers": SLOTS, "n_trials": 6, "backend": "cpu"}
+    body = {"shape": SHAPE, "layers": SLOTS, "n_trials": 6, "backend": "cpu", "consumer": "megatron"}
     job_id = httpx.post(f"{service.url}/v1/jobs", json=body, headers=auth).json()["id"]
 
     page = browser.new_page(viewport={"width": 1400, "height": 900}, accept_downloads=True)
@@ -149,6 +149,18 @@ def test_the_dashboard_follows_a_cpu_job_to_its_charts_and_preset(
     assert page.locator("#preset-tabs [data-format=bridge]").count() == (bridge.status_code == 200)
     if bridge.status_code == 200:
         assert download(page, "bridge") == bridge.text
+
+    # The job's consumer: the joint winner's switches and the settings compared, the chosen one first.
+    choice = job["consumer_choice"]
+    assert choice["consumer"] == "megatron" and choice["switches"]["flags"][0] == "--tp-comm-overlap"
+    assert page.locator("#consumer code").inner_text() == " ".join(choice["switches"]["flags"]) + (
+        " · TransformerConfig: " + ", ".join(f"{k}={str(v).lower()}" for k, v in choice["switches"]["config"].items())
+        if choice["switches"]["config"]
+        else ""
+    )
+    rows = page.locator("#consumer table.alternatives tbody tr")
+    assert rows.count() == min(4, len(choice["alternatives"]))
+    assert rows.first.locator("td").first.inner_text() == choice["alternatives"][0]["label"]
 
     # Workers with their GPUs (none on the CPU backend).
     assert page.locator("#workers tr").count() == 1

@@ -234,3 +234,19 @@ def test_our_own_format_validates_and_converts_to_te_as_te_runs_it(tmp_path: Pat
     assert "measured with" in view["notes"]["qkv_fprop"]  # what TE runs differs, and the note says how
     converted = run("convert", str(path), "--to", "te")
     assert converted.returncode == 0 and json.loads(converted.stdout)["qkv_fprop"]["method"] == "ring_exchange"
+
+
+def test_convert_for_a_consumer_heads_the_file_with_the_switches_it_needs_and_they_read_back(tmp_path: Path) -> None:
+    done = run("convert", str(BRIDGE_PRESETS), "--preset", LORA, "--to", "nemo", "--for", "megatron",
+               "--set", "tp_comm_overlap_disable_qkv=true")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (
+        "# autotune-switches (megatron): tp_comm_overlap_rs_dgrad=true, tp_comm_overlap_disable_qkv=true" in done.stdout
+    )
+    assert "TransformerConfig (no CLI flag): tp_comm_overlap_disable_qkv=True" in done.stdout
+    path = tmp_path / "ub_cfg_h100_fp8_h8192_tp2_mbs1_seqlen4096.yaml"
+    path.write_text(done.stdout)
+    again = run("validate", str(path), "--partial", "--for", "megatron")  # the header's switches hold
+    assert again.returncode == 0, again.stderr
+    refused = run("convert", str(BRIDGE_PRESETS), "--preset", LORA, "--to", "nemo", "--for", "megatron")
+    assert refused.returncode == 2 and "shared-dgrad-mode" in refused.stderr

@@ -32,9 +32,9 @@ from storage import (
     JobStatus,
     LayerStudy,
     NotFound,
+    Purpose,
     StorageError,
     Trial,
-    TrialPurpose,
     TrialState,
     Worker,
     WorkerStatus,
@@ -541,11 +541,11 @@ def test_default_engine_is_sqlite_in_wal_mode_under_the_user_data_dir(
 
 def test_trial_purpose_is_stored(session: Session) -> None:
     study = new_study(session, new_job(session).id)
-    for purpose in TrialPurpose:
+    for purpose in Purpose:
         storage.add_trial(session=session, study_id=study.id, optuna_trial_number=0, config={}, purpose=purpose)
     session.expunge_all()
     page = storage.list_trials(session=session, job_id=study.job_id)
-    assert [t.purpose for t in page.items] == list(TrialPurpose)
+    assert [t.purpose for t in page.items] == list(Purpose)
 
 
 def test_explicit_sqlite_url_gets_its_folder_created(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from api.schemas.best import (
 )
 from api.schemas.common import (
     NAME_PATTERN,
-    Backend,
+    BackendField,
     ConfigBody,
     Finite,
     Name,
@@ -66,7 +66,7 @@ __all__ = [
     "MAX_FIRST_CONFIGS",
     "NAME_PATTERN",
     "AlternativePublic",
-    "Backend",
+    "BackendField",
     "BaselinesCreate",
     "BestGroup",
     "BestLayer",

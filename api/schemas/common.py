@@ -17,14 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from autotune.tuner.proposal import Proposal, Purpose
 from overlap_runtime.config import DEFAULTS, OverlapConfig
-from overlap_runtime.knobs import BY_NAME, KNOBS, Knob, Origin
+from overlap_runtime.knobs import BY_NAME, KNOBS, Backend, Knob, Origin
 from overlap_runtime.shape import ModelShape, ShapeField, shape_fields
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._()/:+-]*$"
 """GPU models, host and worker names: what NVML and hostnames produce, nothing that breaks a log line."""
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
-Backend = Literal["cpu", "cuda", "te"]
+BackendField = Annotated[Backend, Field(strict=False)]
+"""A backend's name in a body (JSON carries the name: the enum is not strict here)."""
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.best import ConsumerPublic
 from api.schemas.common import (
-    Backend,
+    BackendField,
     Name,
     OverlapConfigBody,
     ProposalBody,
@@ -28,7 +28,7 @@ class JobCreate(Strict):
     """Slots to tune (TE's names); all ten tunable ones when left out."""
     n_trials: Annotated[int, Field(ge=1, le=10_000)] = 30
     """Trials per slot."""
-    backend: Backend | None = None
+    backend: BackendField | None = None
     """Where trials run; the controller's default (cuda, or its local worker's backend) when left out."""
     gpu: Name | None = None
     """GPU model the trials must run on, as NVML names it (``NVIDIA H200``, any case) or short (``h200``); any

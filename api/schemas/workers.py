@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.common import (
     NAME_PATTERN,
-    Backend,
+    BackendField,
     Finite,
     Name,
     ProposalBody,
@@ -34,7 +34,7 @@ class GpuInfo(Strict):
 class WorkerCreate(Strict):
     name: Name
     host: Name
-    backend: Backend
+    backend: BackendField
     gpus: Annotated[list[GpuInfo], Field(max_length=1024)] = []
     gpu_model: Name | None = None
     """The model all its GPUs share; None for a CPU worker or a mixed box (it then takes only unpinned jobs)."""

@@ -258,7 +258,36 @@ function presetQuery(job) {
   for (const [k, v] of Object.entries(job.shape)) if (v != null) q.set(k, String(v));
   const gpu = job.gpu ?? (job.backend === "cpu" ? "cpu" : null);
   if (gpu) q.set("gpu", gpu);
+  if (job.consumer) q.set("consumer", job.consumer);  // the presets made for the job's consumer
   return q;
+}
+
+function switchesText(switches) {
+  // A consumer's switches as its users write them: Megatron flags and config fields, or arguments.
+  if (switches.flags) {
+    const config = Object.entries(switches.config).map(([k, v]) => `${k}=${v}`).join(", ");
+    return switches.flags.join(" ") + (config ? ` · TransformerConfig: ${config}` : "");
+  }
+  const one = switches.model_config ?? switches.transformer_layer;
+  if (one) return Object.entries(one).map(([k, v]) => `${k}=${v}`).join(", ");
+  return Object.entries(switches.modules).map(([m, args]) =>
+    `${m}: ${Object.entries(args).filter(([, v]) => v).map(([k]) => k).join(", ") || "no overlap"}`).join(" · ");
+}
+
+function showConsumer(job) {
+  // The job's consumer: the joint winner's switches and every setting's summed time, the chosen one first.
+  const box = document.getElementById("consumer");
+  const c = job.consumer_choice;
+  if (!c) {
+    box.replaceChildren(job.consumer ? el("p", { class: "muted" }, `for ${job.consumer}: once every slot is decided`) : "");
+    return;
+  }
+  const rows = c.alternatives.slice(0, 4).map((a, i) => el("tr", { class: i === 0 ? "chosen" : "" },
+    el("td", {}, a.label), el("td", {}, a.total_ms == null ? "not measured" : ms(a.total_ms))));
+  box.replaceChildren(
+    el("p", {}, el("strong", {}, `for ${c.consumer}: `), el("code", {}, switchesText(c.switches))),
+    el("table", { class: "alternatives" }, el("thead", {}, el("tr", {}, el("th", {}, "switches"),
+      el("th", {}, `summed ms of ${c.coupled.join(", ")}`))), el("tbody", {}, ...rows)));
 }
 
 async function loadPresets(job) {
@@ -321,6 +350,7 @@ async function showJob(job) {
   document.getElementById("job-title").textContent = `Job ${job.id.slice(0, 8)} · ${shapeText(job.shape)}`;
   document.getElementById("job-head").replaceChildren(el("span", { class: job.status }, job.status), " ",
     progress(job.progress), job.error ? ` · ${job.error}` : "");
+  showConsumer(job);
   const trials = await allTrials(job.id);
   const decided = job.slots.some(s => s.best?.final);
   showSlots(job, trials, decided ? await loadOutcomes(job) : {});

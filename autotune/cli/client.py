@@ -7,6 +7,7 @@ Each command is a thin wrapper over `autotune.client.Client`.  The controller's 
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import httpx
@@ -25,9 +26,10 @@ from autotune.tuner.gpu import CPU
 from overlap_runtime.config import Method
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
-from search_spaces import FORMATS, FormatName
-from search_spaces.consumers import Consumer, switch_lines
+from search_spaces import FORMATS, FormatName, read_file
+from search_spaces.consumers import Consumer, rendered, switch_lines
 from search_spaces.export import ALTERNATIVES_SHOWN
+from search_spaces.formats import exported_of
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -267,6 +269,9 @@ def export(
     ] = ".",
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the file's path, whether it was measured, and the switches as JSON")
+    ] = False,
 ) -> None:
     """Write the shape's preset file (NeMo/Megatron YAML of the TE-exact winners by default) and print its path."""
     with _client(controller, token) as client:
@@ -276,7 +281,16 @@ def export(
     if not preset.measured:
         typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
     name = preset.file_name or f"preset{FORMATS[format].suffix}"  # the controller names it
-    typer.echo(str(write_out(out, preset.text, name=name)))
+    path = write_out(out, preset.text, name=name)
+    if not as_json:
+        typer.echo(str(path))
+        return
+    made = exported_of(read_file(path)).preset
+    switches = None if made.consumer is None else rendered(made.consumer, made.setting)
+    consumer_name = None if made.consumer is None else made.consumer.value
+    typer.echo(
+        json.dumps({"file": str(path), "measured": preset.measured, "consumer": consumer_name, "switches": switches})
+    )
 
 
 def cancel(

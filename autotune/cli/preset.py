@@ -4,6 +4,7 @@ YAML, Megatron-Bridge / NeMo 2 Python modules, TE ub_cfgs JSON, our own format),
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import warnings
@@ -90,9 +91,7 @@ def _consumer_runs(
 ) -> tuple[dict[str, object], list[tuple[str, str]]]:
     """What ``consumer`` runs of ``read`` per slot under the switches it needs (those the file records for
     this consumer, then ``--set``), and the entries it cannot run as written, each with its rule."""
-    recorded = dict(read.setting) if read.consumer == consumer else {}
-    fixed = recorded | fixed_switches(consumer, sets)
-    result = check(consumer, read.configs, fixed=fixed)
+    result = check(consumer, read.configs, fixed=_fixed(read, consumer, sets))
     view: dict[str, object] = {
         "consumer": consumer.value,
         "switches": rendered(consumer, result.setting),
@@ -102,6 +101,13 @@ def _consumer_runs(
         },
     }
     return view, [(run.slot.value, why(run, consumer, read.configs)) for run in result.not_as_written]
+
+
+def _fixed(read: Preset, consumer: Consumer, sets: list[str] | None) -> dict[str, bool]:
+    """The switches held when checking ``read`` for ``consumer``: those its header records for that consumer,
+    then ``--set``."""
+    recorded = dict(read.setting) if read.consumer == consumer else {}
+    return recorded | fixed_switches(consumer, sets)
 
 
 @app.command()
@@ -116,10 +122,20 @@ def convert(
         typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name (default: stdout)"),
     ] = None,
     preset: PresetName = None,
+    consumer: For = None,
+    sets: Sets = None,
 ) -> None:
-    """Convert a preset to another format (our own format's winners convert to TE's as TE runs them)."""
+    """Convert a preset to another format (our own format's winners convert to TE's as TE runs them); with
+    ``--for``, headed with the switches that make that consumer run it as written (exit 2 when none does)."""
     found, _ = _read(file, preset)
     exported = exported_of(found)
+    if consumer is not None:
+        _, problems = _consumer_runs(exported.preset, consumer, sets)
+        if problems:
+            raise PresetError(", ".join(slot for slot, _ in problems), "; ".join(rule for _, rule in problems))
+        setting = check(consumer, exported.preset.configs, fixed=_fixed(exported.preset, consumer, sets)).setting
+        made = dataclasses.replace(exported.preset, consumer=consumer, setting=setting, choice=())
+        exported = dataclasses.replace(exported, preset=made)
     fmt = FORMATS[to]
     text = fmt.write(exported)
     if out is None:

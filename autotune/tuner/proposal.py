@@ -16,7 +16,7 @@ from overlap_runtime.measurement import BaselineSource
 
 
 class Purpose(enum.StrEnum):
-    """Why the tuner wants the measurement (the service's `storage.TrialPurpose` has the same values)."""
+    """Why the tuner wants the measurement; the service stores it in each trial row (`storage.Trial.purpose`)."""
 
     BASELINE = "baseline"
     """A known config measured before the search's own: no overlap, TE's default, a preset, a warm start."""
