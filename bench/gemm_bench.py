@@ -12,7 +12,7 @@ fp32 accumulate):
      shapes), plus 8192^3:
      the library GEMM (torch.mm; FP8: ``torch._scaled_mm`` with fast accumulation, like our FP8 MMAs, and
      beside it with split accumulation) and `matmul` at all SMs with its heuristic tile config;
-  2. 8192^3 with the SM count held to sm-8, sm-16, sm-32, 100 and 66: `matmul` (``num_sms``, a hard bound)
+  2. 8192^3 with the SM count held to sm-8, sm-16, sm-32, 100 and 66: `matmul` (``gemm_sms``, a hard bound)
      beside `cublas_matmul` (cuBLASLt SM carve-out, a hint);
   3. a sweep of tile configs (split tail on and off; FP8 K steps 128 deep, and 64) on every shape, and which
      one wins;
@@ -137,11 +137,11 @@ def layer_variants(dtype: torch.dtype) -> dict[str, Variant]:
 
 
 def sm_variants(counts: list[int]) -> dict[str, Variant]:
-    """Ours and cuBLASLt held to each SM count (``num_sms``: our hard bound, cuBLASLt's carve-out)."""
+    """Ours and cuBLASLt held to each SM count (``gemm_sms``: our hard bound, cuBLASLt's carve-out)."""
     variants: dict[str, Variant] = {}
     for c in counts:
-        variants[f"ours_{c}"] = lambda a, b, o, c=c: gemm.matmul(a, b, o, num_sms=c, **scales(a))
-        variants[f"cublaslt_{c}"] = lambda a, b, o, c=c: gemm.cublas_matmul(a, b, o, num_sms=c, **scales(a))
+        variants[f"ours_{c}"] = lambda a, b, o, c=c: gemm.matmul(a, b, o, gemm_sms=c, **scales(a))
+        variants[f"cublaslt_{c}"] = lambda a, b, o, c=c: gemm.cublas_matmul(a, b, o, gemm_sms=c, **scales(a))
     return variants
 
 
@@ -251,7 +251,7 @@ def run_sm_limits(bench: Bench) -> list[dict[str, Any]]:
         x_ours = ours["ms"] / full_ours if "ms" in ours and full_ours else None
         x_lt = lt["ms"] / full_lt if "ms" in lt and full_lt else None
         out.append(
-            {"num_sms": c, "ours": ours, "cublaslt_carveout": lt, "ours_slowdown": x_ours, "cublaslt_slowdown": x_lt}
+            {"gemm_sms": c, "ours": ours, "cublaslt_carveout": lt, "ours_slowdown": x_ours, "cublaslt_slowdown": x_lt}
         )
         print(f"{c:>5} {_fmt(ours.get('ms'), 8)} {_fmt(x_ours, 5, 2)}  {_fmt(lt.get('ms'), 11)} {_fmt(x_lt, 5, 2)}")
     return out

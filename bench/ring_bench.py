@@ -96,8 +96,8 @@ def fused_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> t
     rows = case.m // TP
     if case.collective == Collective.ALL_GATHER:
         ready = torch.full((TP,), EPOCH, dtype=torch.int32, device=device)
-        sms = gemm.device_sm_count(device)
-        config = ring_gemm.ring_config(rows, case.n, case.k, chunks=TP, dtype=dtype, num_sms=sms)
+        gemm_sms = gemm.device_sm_count(device)
+        config = ring_gemm.ring_config(rows, case.n, case.k, chunks=TP, dtype=dtype, gemm_sms=gemm_sms)
 
         def gather(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
             return ring_gemm.gather_matmul(
@@ -105,7 +105,7 @@ def fused_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> t
             )
 
         return gather, {"config": config.label()}
-    plan = ring_gemm.scatter_plan(rows, case.n, case.k, chunks=TP, dtype=dtype, device=device, num_sms=None)
+    plan = ring_gemm.scatter_plan(rows, case.n, case.k, chunks=TP, dtype=dtype, device=device, gemm_sms=None)
     lanes = ring_gemm.max_segments(rows)
     partial_dtype = gemm.out_dtype(dtype)
     parts = torch.empty((TP - 1, rows, case.n), dtype=partial_dtype, device=device)

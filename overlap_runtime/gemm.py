@@ -10,10 +10,10 @@ bigger buffer (``buf[:, 128:256]``, the chunk of a userbuffers communicator).  S
 as they are; nothing is copied.  ``out`` is written in place when given and must not overlap ``a`` or
 ``b`` (not checked: overlapping views give undefined results).
 
-The SM contract.  `matmul` launches ``min(num_sms, tiles)`` programs and each one loops over the
-output tiles ``pid, pid + num_sms, ...`` (grouped, ``group_m`` rows of tiles at a time, for L2 reuse).
-So ``num_sms`` is a *hard bound*: at most ``num_sms`` programs exist, so the GEMM never occupies more than
-``num_sms`` SMs (the block scheduler puts them on idle SMs first; a 128x256 program with 8 warps and
+The SM contract.  `matmul` launches ``min(gemm_sms, tiles)`` programs and each one loops over the
+output tiles ``pid, pid + gemm_sms, ...`` (grouped, ``group_m`` rows of tiles at a time, for L2 reuse).
+So ``gemm_sms`` is a *hard bound*: at most ``gemm_sms`` programs exist, so the GEMM never occupies more than
+``gemm_sms`` SMs (the block scheduler puts them on idle SMs first; a 128x256 program with 8 warps and
 ~200 KB of shared memory fills an SM), and the others stay free for communication kernels.  `cublas_matmul` can only *ask* cuBLAS for fewer SMs: it sets PyTorch's SM
 carve-out on the cuBLASLt path (the only path that reads it: docs/measurement.md, Holding a GEMM to
 fewer SMs), a target that
@@ -30,7 +30,7 @@ where a part-empty last round of tiles costs most (`split_tail` took them from 0
 116 / 100 / 66 SMs it took 1.05 / 1.09 / 1.18 / 1.77x its full-chip time (cuBLASLt with the carve-out:
 1.02 / 1.04 / 1.21 / 1.81x).
 
-The last round.  ``tiles % num_sms`` tiles are left for the last round, which leaves the other SMs idle.
+The last round.  ``tiles % gemm_sms`` tiles are left for the last round, which leaves the other SMs idle.
 With ``split_tail`` (`choose_config` sets it where its cost model says it pays) each of those tiles is cut
 along K over the idle programs and the parts are added by whichever part finishes last (`split_tail`).
 An even stream-K spread of every K step over all programs was tried first and ran 1.7x slower per K step:
@@ -73,8 +73,8 @@ dequantization scales and a `FP8_OUT` output."""
 FP8_OUT = torch.bfloat16
 """What a GEMM of FP8 operands writes."""
 
-CPU_DEFAULT_NUM_SMS = 4
-"""Programs launched on CPU tensors (Triton's interpreter) when ``num_sms`` is None."""
+CPU_DEFAULT_GEMM_SMS = 4
+"""Programs launched on CPU tensors (Triton's interpreter) when ``gemm_sms`` is None."""
 
 SMEM_SLACK = 1024
 """Shared memory Triton adds to a TMA kernel's tiles (barriers; 32 bytes measured at 128x256x64)."""
@@ -153,12 +153,12 @@ SMALL = GemmTileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_sta
 """Few tiles (small M or N)."""
 
 
-def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, chunks: int = 1) -> GemmTileConfig:
+def choose_config(m: int, n: int, k: int, dtype: torch.dtype, gemm_sms: int, *, chunks: int = 1) -> GemmTileConfig:
     """The tile config `matmul` and the ring kernels (`ring_gemm`, ``chunks`` = tp) use when the caller gives
     none.
 
     The heuristic: a persistent kernel finishes when its busiest program does, after ``ceil(tiles /
-    num_sms)`` tiles of ``steps = ceil(k / block_k)`` K steps each, so a config costs ``rounds * steps *
+    gemm_sms)`` tiles of ``steps = ceil(k / block_k)`` K steps each, so a config costs ``rounds * steps *
     tile_area / efficiency`` (`_TILE_EFFICIENCY`).  With `split_tail` the last, part-empty round costs
     ``steps / splits`` plus the fix-up (`_TAIL_FIXUP_COST`).  The cheapest of LARGE, MEDIUM and SMALL, each
     with and without a split tail, wins; ties go to the larger tile without split.  So big problems take
@@ -179,11 +179,11 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, c
         steps = max(1, triton.cdiv(k, cfg.block_k))
         area = cfg.block_m * cfg.block_n / _TILE_EFFICIENCY[(cfg.block_m, cfg.block_n)]
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-        full, tail = divmod(tiles, num_sms)
-        waiters = num_sms - triton.cdiv(m // chunks, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-        early = chunks > 1 and waiters > num_sms * MAX_EARLY_WAITERS
+        full, tail = divmod(tiles, gemm_sms)
+        waiters = gemm_sms - triton.cdiv(m // chunks, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        early = chunks > 1 and waiters > gemm_sms * MAX_EARLY_WAITERS
         choices.append((early, (full + (tail > 0)) * steps * area, cfg))
-        splits = tail_splits(tiles, num_sms, steps)
+        splits = tail_splits(tiles, gemm_sms, steps)
         if splits:
             cost = (full * steps + steps / splits) * area + _TAIL_FIXUP_COST
             choices.append((early, cost, dataclasses.replace(cfg, split_tail=True)))
@@ -201,7 +201,7 @@ class KernelConstants(NamedTuple):
     BLOCK_N: int
     BLOCK_K: int
     GROUP_M: int
-    NUM_SMS: int
+    GEMM_SMS: int
     """Programs of a full round: the stride of the persistent tile loop."""
     FP32_IEEE: bool
     """fp32 operands: full fp32 products, not TF32 (the tests compare against float64)."""
@@ -353,7 +353,7 @@ def _persistent_matmul_kernel(
     M, N, _ = dims
     # flatten: the K loops of consecutive tiles form one software pipeline (loads of the next tile start
     # under the last MMAs of this one); measured with TMA only.
-    for tile in tl.range(pid, whole_tiles, C.NUM_SMS, flatten=C.TMA):
+    for tile in tl.range(pid, whole_tiles, C.GEMM_SMS, flatten=C.TMA):
         pid_m, pid_n = tile_position(tile, grid, C.GROUP_M)
         off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
         acc = partial_product(a, b, off, (0, steps), dims, stride_a, stride_b, scales, C)
@@ -418,11 +418,11 @@ def add_parts(scratch, tail, acc, pid, t, C: tl.constexpr):
     return last, total
 
 
-def tail_splits(tiles: int, num_sms: int, steps: int) -> int:
+def tail_splits(tiles: int, gemm_sms: int, steps: int) -> int:
     """How many K parts `split_tail` cuts each tile of the last, part-empty wave into (0: no split): as many
     as idle programs allow, at most `MAX_TAIL_SPLITS` and never below 8 K steps a part."""
-    tail = tiles % num_sms
-    splits = min(num_sms // tail, MAX_TAIL_SPLITS, steps // 8) if tail else 0
+    tail = tiles % gemm_sms
+    splits = min(gemm_sms // tail, MAX_TAIL_SPLITS, steps // 8) if tail else 0
     return splits if splits >= 2 else 0
 
 
@@ -437,19 +437,19 @@ class TailSplit:
     locks: torch.Tensor
 
     @classmethod
-    def plan(cls, cfg: GemmTileConfig, *, tiles: int, sms: int, k: int, device: torch.device) -> TailSplit:
-        """The split of ``tiles`` tiles of depth ``k`` on ``sms`` programs (none unless ``cfg.split_tail``)."""
-        splits = tail_splits(tiles, sms, triton.cdiv(k, cfg.block_k)) if cfg.split_tail else 0
-        tail = tiles % sms if splits else 0
+    def plan(cls, cfg: GemmTileConfig, *, tiles: int, gemm_sms: int, k: int, device: torch.device) -> TailSplit:
+        """The split of ``tiles`` tiles of depth ``k`` on ``gemm_sms`` programs (none unless ``cfg.split_tail``)."""
+        splits = tail_splits(tiles, gemm_sms, triton.cdiv(k, cfg.block_k)) if cfg.split_tail else 0
+        tail = tiles % gemm_sms if splits else 0
         # Scratch from PyTorch's caching allocator, per call: launches on concurrent streams never share it.
         partials = torch.empty((tail * splits, cfg.block_m * cfg.block_n), dtype=torch.float32, device=device)
         return cls(
             tiles=tail, splits=splits, partials=partials, locks=torch.zeros(tail, dtype=torch.int32, device=device)
         )
 
-    def grid(self, tiles: int, sms: int) -> tuple[int]:
+    def grid(self, tiles: int, gemm_sms: int) -> tuple[int]:
         """One program per SM, or per tile or tail part when there are fewer."""
-        return (min(sms, max(tiles, self.tiles * self.splits)),)
+        return (min(gemm_sms, max(tiles, self.tiles * self.splits)),)
 
     def scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The kernels' argument ``scratch`` = (partials, locks)."""
@@ -470,13 +470,13 @@ def matmul(
     b: torch.Tensor,
     out: torch.Tensor | None = None,
     *,
-    num_sms: int | None = None,
+    gemm_sms: int | None = None,
     config: GemmTileConfig | None = None,
     tma: bool = True,
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out = a @ b`` on at most ``num_sms`` SMs (None: all of the device's; 4 on CPU).
+    """``out = a @ b`` on at most ``gemm_sms`` SMs (None: all of the device's; 4 on CPU).
 
     FP8 (`FP8` a and b): ``out = (a * scale_a) @ (b * scale_b)`` in `FP8_OUT`, with ``scale_a`` and
     ``scale_b`` one-element fp32 tensors on a's device (per-tensor dequantization scales, TE's scale_inv),
@@ -486,12 +486,12 @@ def matmul(
 
     ``config`` None picks tiles with `choose_config`.  The tiles move by TMA (tensor descriptors) when
     ``tma`` and `tma_fits` allows it, else by pointer loads.  Raises `InputError` (a ValueError) naming the
-    argument for bad tensors, scales or ``num_sms``, `ConfigError` for a bad ``config``.
+    argument for bad tensors, scales or ``gemm_sms``, `ConfigError` for a bad ``config``.
     """
     m, n, k = check_operands(a, b, out)
     scales = check_scales(a, scale_a, scale_b)
     check_launchable(a)
-    sms = resolve_num_sms(a.device, num_sms)
+    gemm_sms = resolve_gemm_sms(a.device, gemm_sms)
     if config is not None and not isinstance(config, GemmTileConfig):
         raise ConfigError("config", "must be a GemmTileConfig or None", type(config).__name__)
     if out is None:
@@ -500,9 +500,9 @@ def matmul(
         return out
     if k == 0:
         return out.zero_()
-    cfg = config if config is not None else choose_config(m, n, k, a.dtype, sms)
+    cfg = config if config is not None else choose_config(m, n, k, a.dtype, gemm_sms)
     tiled = {"a": (a, "a"), "b": (b, "b"), "c": (out, "c")}
-    launch(_persistent_matmul_kernel, tiled, a=a, b=b, out=out, cfg=cfg, sms=sms, tma=tma, scales=scales)
+    launch(_persistent_matmul_kernel, tiled, a=a, b=b, out=out, cfg=cfg, gemm_sms=gemm_sms, tma=tma, scales=scales)
     return out
 
 
@@ -522,13 +522,13 @@ def launch(
     b: torch.Tensor,
     out: torch.Tensor,
     cfg: GemmTileConfig,
-    sms: int,
+    gemm_sms: int,
     tma: bool,
     chunks: int = 1,
     **args: object,
 ) -> None:
     """Launch one of our persistent GEMM kernels on ``chunks`` chunks of the problem ``a [M, K] @ b [K, N] ->
-    out`` (a ring kernel's chunk is M rows; `matmul` has one), on at most ``sms`` programs.
+    out`` (a ring kernel's chunk is M rows; `matmul` has one), on at most ``gemm_sms`` programs.
 
     Every such kernel takes, by name: its operands whose tiles it moves, ``tiled`` (each with its role "a",
     "b" or "c": TMA descriptors of its tiles (`tma_views`) when ``tma`` and `tma_fits` allow, else the
@@ -541,7 +541,7 @@ def launch(
     for name, t in (("a", a), ("b", b), ("out", out)):
         check_int32_offsets(name, t, cfg)
     tiles = chunks * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    split = TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
+    split = TailSplit.plan(cfg, tiles=tiles, gemm_sms=gemm_sms, k=k, device=a.device)
     b_kmajor = _b_kmajor(b)
     views = tma_views(cfg, tiled, b_kmajor=b_kmajor)
     tma = tma and tma_fits(cfg, *(view for view, _ in views.values()))
@@ -551,7 +551,7 @@ def launch(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m,
-        NUM_SMS=sms,
+        GEMM_SMS=gemm_sms,
         FP32_IEEE=a.dtype == torch.float32,
         UPCAST=INTERPRETED and a.dtype == torch.bfloat16,
         EVEN_M=m % cfg.block_m == 0,
@@ -562,7 +562,7 @@ def launch(
         SPLIT_TAIL=split.splits > 0,
     )
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-        kernel[split.grid(tiles, sms)](
+        kernel[split.grid(tiles, gemm_sms)](
             **operands,
             **args,
             scratch=split.scratch(),
@@ -631,18 +631,18 @@ def cublas_matmul(
     b: torch.Tensor,
     out: torch.Tensor | None = None,
     *,
-    num_sms: int | None = None,
+    gemm_sms: int | None = None,
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out = a @ b`` through ``torch.mm`` (cuBLAS on CUDA), asking cuBLAS for ``num_sms`` SMs.
+    """``out = a @ b`` through ``torch.mm`` (cuBLAS on CUDA), asking cuBLAS for ``gemm_sms`` SMs.
 
     FP8 operands (scales as in `matmul`) go to ``torch._scaled_mm`` (cuBLASLt) with fast accumulation, which
     is what our kernel's FP8 MMAs do on Hopper (Triton's default there) and TE's forward GEMMs ask for.  Its
     layout rules hold: a row-major, b column-major, K and N multiples of 16 (`check_scaled_mm_layout`).
 
-    With ``num_sms`` set (CUDA only), the call runs on the cuBLASLt backend with PyTorch's SM carve-out
-    set to ``sm_count - num_sms``; both are process-global and read at launch, so they are set right
+    With ``gemm_sms`` set (CUDA only), the call runs on the cuBLASLt backend with PyTorch's SM carve-out
+    set to ``sm_count - gemm_sms``; both are process-global and read at launch, so they are set right
     before the call and restored (previous carve-out, previous backend) right after it, also on error.
     Not thread-safe against other threads launching cuBLAS meanwhile.  A strided ``out`` is written in
     place (``torch.mm``'s ``out=`` takes any strides; ``torch._scaled_mm``'s is given a contiguous one).
@@ -651,11 +651,11 @@ def cublas_matmul(
     scales = check_scales(a, scale_a, scale_b)
     if scales is not None:
         check_scaled_mm_layout(a, b)
-    if num_sms is not None and a.device.type != "cuda":
-        raise InputError("num_sms", "can only be set for CUDA tensors (cuBLAS SM carve-out)", num_sms)
+    if gemm_sms is not None and a.device.type != "cuda":
+        raise InputError("gemm_sms", "can only be set for CUDA tensors (cuBLAS SM carve-out)", gemm_sms)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype(a.dtype), device=a.device)
-    with _cublas_sm_bound(a.device, num_sms):
+    with _cublas_sm_bound(a.device, gemm_sms):
         if scales is None:
             torch.mm(a, b, out=out)
         else:
@@ -669,12 +669,12 @@ def cublas_matmul(
 
 
 @contextlib.contextmanager
-def _cublas_sm_bound(device: torch.device, num_sms: int | None) -> Iterator[None]:
-    """cuBLASLt with PyTorch's SM carve-out for ``num_sms`` SMs inside (nothing for None), restored after."""
-    if num_sms is None:
+def _cublas_sm_bound(device: torch.device, gemm_sms: int | None) -> Iterator[None]:
+    """cuBLASLt with PyTorch's SM carve-out for ``gemm_sms`` SMs inside (nothing for None), restored after."""
+    if gemm_sms is None:
         yield
         return
-    sm_count = resolve_num_sms(device, num_sms)
+    sm_count = resolve_gemm_sms(device, gemm_sms)
     total = torch.cuda.get_device_properties(device).multi_processor_count
     prev_backend = torch.backends.cuda.preferred_blas_library()
     prev_carveout = torch._C._get_sm_carveout_experimental()
@@ -699,20 +699,20 @@ def check_scaled_mm_layout(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def device_sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device; `CPU_DEFAULT_NUM_SMS` for CPU tensors (the interpreter)."""
+    """SMs of a CUDA device; `CPU_DEFAULT_GEMM_SMS` for CPU tensors (the interpreter)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_DEFAULT_NUM_SMS
+    return CPU_DEFAULT_GEMM_SMS
 
 
-def resolve_num_sms(device: torch.device, num_sms: int | None) -> int:
-    if num_sms is None:
+def resolve_gemm_sms(device: torch.device, gemm_sms: int | None) -> int:
+    if gemm_sms is None:
         return device_sm_count(device)
-    if not _is_int(num_sms) or num_sms < 1:
-        raise InputError("num_sms", "must be an integer >= 1 or None", num_sms)
-    if device.type == "cuda" and num_sms > device_sm_count(device):
-        raise InputError("num_sms", f"must be at most the device's {device_sm_count(device)} SMs", num_sms)
-    return int(num_sms)
+    if not _is_int(gemm_sms) or gemm_sms < 1:
+        raise InputError("gemm_sms", "must be an integer >= 1 or None", gemm_sms)
+    if device.type == "cuda" and gemm_sms > device_sm_count(device):
+        raise InputError("gemm_sms", f"must be at most the device's {device_sm_count(device)} SMs", gemm_sms)
+    return int(gemm_sms)
 
 
 def out_dtype(dtype: torch.dtype) -> torch.dtype:

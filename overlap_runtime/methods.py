@@ -285,7 +285,7 @@ def _independent_collective(dev: Device, ops: Operands, options: CommOptions) ->
 
 
 def _gemm(dev: Device, plan: Plan, ops: Operands) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
-    return lambda a, b, out: dev.gemm(a, b, out, num_sms=plan.gemm_sms, kind=plan.gemm_kind, scales=ops.scales)
+    return lambda a, b, out: dev.gemm(a, b, out, gemm_sms=plan.gemm_sms, kind=plan.gemm_kind, scales=ops.scales)
 
 
 def _bulk(dev: Device, ops: Operands, plan: Plan) -> None:
@@ -500,7 +500,7 @@ def _fused_ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
     peer's chunk once its ready flag arrives (`ring_gemm.gather_matmul`)."""
     buf, e, comm = _push_shard(dev, ops, plan)
     dev.gather_gemm(
-        ops.a, buf, ops.b, ops.out, epoch=e, num_sms=plan.gemm_sms, site="fused_ag.arrived", scales=ops.scales
+        ops.a, buf, ops.b, ops.out, epoch=e, gemm_sms=plan.gemm_sms, site="fused_ag.arrived", scales=ops.scales
     )
     _keep_gathered(dev, ops, buf)
     _finish(dev, comm, buf, e)
@@ -520,7 +520,7 @@ def _fused_ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
     copy engine pushes each of their segments to its owner as soon as the kernel has counted it done."""
     g, p, r = ops.gemm, dev.tp, dev.rank
     tiling = ring_gemm.scatter_plan(
-        ops.rows, g.n, g.k, chunks=p, dtype=ops.a.dtype, device=ops.a.device, num_sms=plan.gemm_sms
+        ops.rows, g.n, g.k, chunks=p, dtype=ops.a.dtype, device=ops.a.device, gemm_sms=plan.gemm_sms
     )
     lanes = ring_gemm.max_segments(ops.rows)
     box = ops.peer_buffer(dev, "scattered_peer", (p, ops.rows, g.n), ops.out.dtype, lanes=lanes)

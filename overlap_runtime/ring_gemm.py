@@ -106,7 +106,7 @@ def _gather_matmul_kernel(
     for step in range(1, CHUNKS):
         src = (rank + CHUNKS - step) % CHUNKS
         lo = step * chunk_tiles
-        if _first_tile(pid, lo, C.NUM_SMS) < tl.minimum(lo + chunk_tiles, whole_tiles):  # a tile of this chunk
+        if _first_tile(pid, lo, C.GEMM_SMS) < tl.minimum(lo + chunk_tiles, whole_tiles):  # a tile of this chunk
             wait_at_least(ready_ptr + src, epoch)
         _gathered_rounds(
             ring, b, c, scales, src, src, lo, whole_tiles, pid, steps, grid, dims, stride_a, stride_b, stride_c, C
@@ -117,7 +117,7 @@ def _gather_matmul_kernel(
         if pid < tail[0] * tail[1]:
             t, ks = gemm.tail_part(pid, tail, dims[2], C.BLOCK_K)
             tile = whole_tiles + t
-            arrived = _last_step(pid, whole_tiles, chunk_tiles, C.NUM_SMS)
+            arrived = _last_step(pid, whole_tiles, chunk_tiles, C.GEMM_SMS)
             acc, src, off = _gathered_tile(
                 a, ring, b, scales, ready_ptr, tile, ks, arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
             )
@@ -127,15 +127,15 @@ def _gather_matmul_kernel(
 
 
 @triton.jit
-def _first_tile(pid, lo, NUM_SMS: tl.constexpr):
-    """Program ``pid``'s first tile at or after tile ``lo`` of the persistent loop (tiles pid, pid + NUM_SMS, ...)."""
-    return pid + (tl.maximum(lo - pid, 0) + NUM_SMS - 1) // NUM_SMS * NUM_SMS
+def _first_tile(pid, lo, GEMM_SMS: tl.constexpr):
+    """Program ``pid``'s first tile at or after tile ``lo`` of the persistent loop (tiles pid, pid + GEMM_SMS, ...)."""
+    return pid + (tl.maximum(lo - pid, 0) + GEMM_SMS - 1) // GEMM_SMS * GEMM_SMS
 
 
 @triton.jit
-def _last_step(pid, whole_tiles, chunk_tiles, NUM_SMS: tl.constexpr):
+def _last_step(pid, whole_tiles, chunk_tiles, GEMM_SMS: tl.constexpr):
     """The ring step of program ``pid``'s last whole tile (0 when it has none): the last chunk it waited for."""
-    last = pid + (whole_tiles - 1 - pid) // NUM_SMS * NUM_SMS
+    last = pid + (whole_tiles - 1 - pid) // GEMM_SMS * GEMM_SMS
     return tl.where(pid < whole_tiles, last // chunk_tiles, 0)
 
 
@@ -161,7 +161,7 @@ def _gathered_rounds(
     """This program's whole tiles of the chunk whose tiles start at ``lo`` (numbered over all chunks): chunk
     ``chunk`` of ``rows`` (a's only one, or the ring's chunk src) times b, into out's chunk ``src``."""
     hi = tl.minimum(lo + grid[0] * grid[1], whole_tiles)
-    for tile in tl.range(_first_tile(pid, lo, C.NUM_SMS), hi, C.NUM_SMS, flatten=C.TMA):
+    for tile in tl.range(_first_tile(pid, lo, C.GEMM_SMS), hi, C.GEMM_SMS, flatten=C.TMA):
         pid_m, pid_n = gemm.tile_position(tile - lo, grid, C.GROUP_M)
         base, row0 = _chunk_rows(rows, chunk, pid_m * C.BLOCK_M, dims[0], stride_a[0], C.TMA)
         acc = gemm.partial_product(base, b, (row0, pid_n * C.BLOCK_N), (0, steps), dims, stride_a, stride_b, scales, C)
@@ -240,7 +240,7 @@ def _scatter_matmul_kernel(
     # flattened loops of the other owners' tiles alone pay (2026-12-02): the barrier between a staged tile's
     # stores and its count took them to 1.9-3.2x torch._scaled_mm's time at FP8, and without it the count
     # would not release what all threads stored.
-    for tile in tl.range(pid, whole_tiles, C.NUM_SMS):
+    for tile in tl.range(pid, whole_tiles, C.GEMM_SMS):
         step, pid_m, pid_n = _ring_tile(tile, grid, C.GROUP_M)
         acc = _owner_tile(a, b, scales, step, pid_m, pid_n, (0, steps), dims, stride_a, stride_b, rank, C, CHUNKS)
         arrived = _finish_scattered(
@@ -351,7 +351,7 @@ def gather_matmul(
     ready: torch.Tensor,
     epoch: int,
     rank: int,
-    num_sms: int | None = None,
+    gemm_sms: int | None = None,
     config: gemm.GemmTileConfig | None = None,
     tma: bool = True,
     scale_a: torch.Tensor | None = None,
@@ -376,7 +376,7 @@ def gather_matmul(
         b=b,
         out=out,
         chunks=chunks,
-        num_sms=num_sms,
+        gemm_sms=gemm_sms,
         config=config,
         tma=tma,
         scales=scales,
@@ -425,16 +425,16 @@ class ScatterPlan:
     """How one `scatter_matmul` call tiles a chunk: what the copy engine's waits need before the launch."""
 
     config: gemm.GemmTileConfig
-    num_sms: int
+    gemm_sms: int
     col_tiles: int
     """Tile columns per segment (the last one may have fewer)."""
     segments: tuple[Segment, ...]
 
 
-def ring_config(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, num_sms: int) -> gemm.GemmTileConfig:
-    """The tile config of a ring kernel over ``chunks`` chunks of ``rows`` x ``n`` (depth ``k``) on ``num_sms``
+def ring_config(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, gemm_sms: int) -> gemm.GemmTileConfig:
+    """The tile config of a ring kernel over ``chunks`` chunks of ``rows`` x ``n`` (depth ``k``) on ``gemm_sms``
     programs when the caller gives none: `gemm.choose_config` of the whole problem, told its chunks."""
-    return gemm.choose_config(chunks * rows, n, k, dtype, num_sms, chunks=chunks)
+    return gemm.choose_config(chunks * rows, n, k, dtype, gemm_sms, chunks=chunks)
 
 
 def max_segments(rows: int) -> int:
@@ -451,7 +451,7 @@ def scatter_plan(
     chunks: int,
     dtype: torch.dtype,
     device: torch.device,
-    num_sms: int | None,
+    gemm_sms: int | None,
     config: gemm.GemmTileConfig | None = None,
     col_groups: int | None = None,
 ) -> ScatterPlan:
@@ -459,8 +459,8 @@ def scatter_plan(
     of ``rows`` x ``n`` (depth ``k``, ``dtype`` operands, partials in its `gemm.out_dtype`): each row group of the tile order (``group_m`` tile rows) is cut into
     ``col_groups`` column groups (None: segments of about `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and at
     least `PUSH_FLOPS` of the launch's work each)."""
-    sms = gemm.resolve_num_sms(device, num_sms)
-    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=dtype, num_sms=sms)
+    gemm_sms = gemm.resolve_gemm_sms(device, gemm_sms)
+    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms)
     tiles_n = triton.cdiv(n, cfg.block_n)
     span = cfg.block_m * cfg.group_m
     row_groups = triton.cdiv(rows, span)
@@ -480,7 +480,7 @@ def scatter_plan(
             offset = row_start * n + (row_stop - row_start) * col_start
             segments.append(Segment(row_start=row_start, row_stop=row_stop, col_start=col_start, col_stop=col_stop,
                                     tiles=tiles, offset=offset))  # fmt: skip
-    return ScatterPlan(config=cfg, num_sms=sms, col_tiles=col_tiles, segments=tuple(segments))
+    return ScatterPlan(config=cfg, gemm_sms=gemm_sms, col_tiles=col_tiles, segments=tuple(segments))
 
 
 def scatter_matmul(
@@ -527,7 +527,7 @@ def scatter_matmul(
         b=b,
         out=out,
         chunks=chunks,
-        num_sms=plan.num_sms,
+        gemm_sms=plan.gemm_sms,
         config=plan.config,
         tma=tma,
         scales=scales,
@@ -568,7 +568,7 @@ def _launch(
     b: torch.Tensor,
     out: torch.Tensor,
     chunks: int,
-    num_sms: int | None,
+    gemm_sms: int | None,
     config: gemm.GemmTileConfig | None,
     tma: bool,
     rank: int,
@@ -583,8 +583,8 @@ def _launch(
     if not 0 <= rank < chunks:
         raise InputError("rank", f"must be between 0 and {chunks - 1}", rank)
     gemm.check_launchable(a)
-    sms = gemm.resolve_num_sms(a.device, num_sms)
-    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=a.dtype, num_sms=sms)
+    gemm_sms = gemm.resolve_gemm_sms(a.device, gemm_sms)
+    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=a.dtype, gemm_sms=gemm_sms)
     gemm.launch(
         kernel,
         tiled,
@@ -592,7 +592,7 @@ def _launch(
         b=b,
         out=out,
         cfg=cfg,
-        sms=sms,
+        gemm_sms=gemm_sms,
         tma=tma and rows % cfg.block_m == 0,
         chunks=chunks,
         rank=rank,
