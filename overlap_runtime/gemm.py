@@ -144,9 +144,9 @@ class GemmTileConfig:
         return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}_g{self.group_m}{st}"
 
 
-LARGE = GemmTileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
-"""Large problems: cuBLAS parity at 8192^3 bf16 on H200 (bench/results/gemm_h200.json).  Three stages: with TMA the
-epilogue's [128, 256] staging tile shares the 227 KB of shared memory with them (four do not fit)."""
+LARGE = GemmTileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
+"""Large problems: cuBLAS parity at 8192^3 bf16 on H200 (bench/results/gemm_h200.json).  Four stages (192 KB)
+fit beside the epilogue's [128, 128] staging half-tile in the 227 KB of shared memory (`store_tile`)."""
 MEDIUM = GemmTileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
 """When 128x256 tiles would leave many SMs idle in the last wave."""
 SMALL = GemmTileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
@@ -173,6 +173,23 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, gemm_sms: int, *, 
     passed over when another one keeps them busy (at h5120 s2048 proj_dgrad on 2 x H200, 128x256 tiles
     with a split tail started 52 of 132 programs on the peer's chunk: 0.130 ms against 0.108 with 128x128).
     """
+    return min(_costed_configs(m, n, k, dtype, gemm_sms, chunks=chunks), key=lambda choice: choice[:2])[2]
+
+
+def balance(m: int, n: int, k: int, dtype: torch.dtype, gemm_sms: int) -> float:
+    """How well `choose_config`'s pick keeps ``gemm_sms`` SMs busy on ``m x n x k``, by its own cost model: the
+    work spread evenly at LARGE's rate over its cost (1: no idle SM in any round; h5120 s2048 proj_dgrad at
+    TP=2, 160 tiles of 128x256 on 132 SMs: 0.80).  Where it is low, cuBLAS's finer tilings win: at BF16 on
+    one H200, 0.89-0.91 went with our GEMM at 1.05-1.09x cuBLAS's time, 0.80 with 1.24x, and 0.97 with
+    0.99-1.02x (`bench/gemm_bench.py` layer shapes, 2026-12-03)."""
+    even = m * n * triton.cdiv(k, for_dtype(LARGE, dtype).block_k) / gemm_sms
+    return even / min(cost for _, cost, _ in _costed_configs(m, n, k, dtype, gemm_sms))
+
+
+def _costed_configs(
+    m: int, n: int, k: int, dtype: torch.dtype, gemm_sms: int, *, chunks: int = 1
+) -> list[tuple[bool, float, GemmTileConfig]]:
+    """`choose_config`'s candidates: (starts programs on a chunk in flight, cost, config)."""
     choices = []
     for base in (LARGE, MEDIUM, SMALL):
         cfg = for_dtype(base, dtype)
@@ -188,7 +205,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, gemm_sms: int, *, 
             cost = (full * steps + steps / splits) * area + _TAIL_FIXUP_COST
             choices.append((early, cost, dataclasses.replace(cfg, split_tail=True)))
     # min() keeps the first of equal keys: ties go to the larger tile, then to no split
-    return min(choices, key=lambda choice: choice[:2])[2]
+    return choices
 
 
 class KernelConstants(NamedTuple):
@@ -330,7 +347,13 @@ def store_tile(c, off, bounds, strides, acc, C: tl.constexpr, TMA: tl.constexpr)
     (rows, columns) where C's EVEN_M / EVEN_N say a dimension can be ragged."""
     off_m, off_n = off
     if TMA:
-        c.store([off_m, off_n], acc.to(c.dtype))
+        # Two [BLOCK_M, BLOCK_N / 2] halves: half the staging tile, which makes room for a fourth stage of
+        # LARGE's 128x256 tiles (`tma_fits`).  One H200, `bench/gemm_bench.py` shapes (2026-12-03): the median
+        # of 36 layer GEMMs went from 1.018x to 1.013x cuBLAS's time at BF16 and from 1.005x to 0.999x at FP8
+        # with 4 stages; halves alone, at 3 stages, took 0.2-0.5% off.
+        left, right = acc.reshape(C.BLOCK_M, 2, C.BLOCK_N // 2).permute(0, 2, 1).split()
+        c.store([off_m, off_n], left.to(c.dtype))
+        c.store([off_m, off_n + C.BLOCK_N // 2], right.to(c.dtype))
     else:
         rows, cols = bounds
         offs_m = off_m + tl.arange(0, C.BLOCK_M)
@@ -589,8 +612,9 @@ def tma_views(
     cfg: GemmTileConfig, tiled: dict[str, tuple[torch.Tensor, str]], *, b_kmajor: bool
 ) -> dict[str, tuple[torch.Tensor, list[int]]]:
     """Per tiled operand, the view a tensor descriptor addresses and its tile: [block_m, block_k] of a,
-    [block_k, block_n] of b (b.T's [block_n, block_k] when ``b_kmajor``), [block_m, block_n] of out ("c")."""
-    blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n]}
+    [block_k, block_n] of b (b.T's [block_n, block_k] when ``b_kmajor``), [block_m, block_n / 2] of out ("c":
+    the epilogue stores each tile as two halves, `store_tile`)."""
+    blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n // 2]}
     views = {}
     for name, (t, role) in tiled.items():
         kmajor = role == "b" and b_kmajor
@@ -600,7 +624,7 @@ def tma_views(
 
 def tma_fits(cfg: GemmTileConfig, *tensors: torch.Tensor) -> bool:
     """Whether ``cfg`` can move the tiles of ``tensors`` (the operands, out last) by TMA: every layout allows
-    it (`tma_layout`) and the stages plus the epilogue's staging tile, which TMA adds, fit in the device's
+    it (`tma_layout`) and the stages plus the epilogue's staging half-tile, which TMA adds, fit in the device's
     shared memory (a config that fills it with stages, like 256x128x64 with 4, runs with pointer loads
     instead)."""
     if not all(tma_layout(t) for t in tensors):
@@ -609,7 +633,7 @@ def tma_fits(cfg: GemmTileConfig, *tensors: torch.Tensor) -> bool:
     if device.type != "cuda":
         return True
     stages = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * tensors[0].element_size()
-    staging = cfg.block_m * cfg.block_n * tensors[-1].element_size()
+    staging = cfg.block_m * cfg.block_n // 2 * tensors[-1].element_size()
     return stages + staging + SMEM_SLACK <= max_shared_mem(device.index)
 
 
