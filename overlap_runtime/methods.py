@@ -21,6 +21,7 @@ Every wait and flag write of the copy-engine methods names its site, ``"<functio
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -200,8 +201,12 @@ def run(dev: Device, ops: Operands, plan: Plan) -> None:
         _bulk(dev, ops, plan)
     elif plan.method == Method.PIPELINE:
         _pipeline_rs(dev, ops, plan)
-    elif plan.fused:
-        (_fused_ring_ag if g.collective == Collective.ALL_GATHER else _fused_ring_rs)(dev, ops, plan)
+    elif plan.fused and g.collective == Collective.REDUCE_SCATTER:
+        _fused_ring_rs(dev, ops, plan)
+    elif plan.fused and _fused_pays(dev, ops, plan):
+        _fused_ring_ag(dev, ops, plan)
+    elif plan.fused:  # our GEMM would lose to the library here: the copy-engine ring with cuBLAS chunks
+        _ring_ag_ce(dev, ops, dataclasses.replace(plan, fused=False, gemm_kind="cublas"))
     elif g.collective == Collective.ALL_GATHER:
         (_ring_ag_ce if plan.use_ce else _ring_ag)(dev, ops, plan)
     else:
@@ -493,6 +498,15 @@ def _finish(dev: Device, comm: Any, buf: PeerBuffer, e: int) -> None:
         dev.wait(read, site="finish.read")
         for src in _senders(dev):
             buf.signal(src, ACK, e, site="finish.ack")
+
+
+def _fused_pays(dev: Device, ops: Operands, plan: Plan) -> bool:
+    """`ring_gemm.fused_pays` on CUDA; the emulated GPU always runs the fused kernel (nothing to win there)."""
+    if not dev.is_cuda:
+        return True
+    g = ops.gemm
+    gemm_sms = plan.gemm_sms or dev.sm_count
+    return ring_gemm.fused_pays(ops.rows, g.n, g.k, chunks=dev.tp, dtype=ops.a.dtype, gemm_sms=gemm_sms)
 
 
 def _fused_ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:

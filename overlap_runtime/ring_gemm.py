@@ -10,7 +10,8 @@ persistent launch over every chunk's tiles has a single tail, and the chunk orde
   `symmetric`), then reads it.  The local shard is read in place, never copied into the gathered buffer.
 - `scatter_matmul` (reduce-scatter slots): ``out = reduce_scatter(a @ b)``, our chunk.  The tiles of every
   other owner's chunk come first, stored into a local staging buffer and counted per segment (a block of
-  tiles that the tile order finishes together, `Segment`; a release atomic); the copy engine, stalled on
+  tiles that the tile order finishes together, `Segment`; a release atomic, one tile late so that the stores
+  have landed); the copy engine, stalled on
   each segment's count by a stream wait, pushes the segment into the owner's receive slot and raises the
   owner's flag for it.  Our own chunk comes last and its epilogue adds the partials received, each
   segment once its flags arrived: no separate reduction kernel, and the partials travel segment by
@@ -240,13 +241,20 @@ def _scatter_matmul_kernel(
     # flattened loops of the other owners' tiles alone pay (2026-12-02): the barrier between a staged tile's
     # stores and its count took them to 1.9-3.2x torch._scaled_mm's time at FP8, and without it the count
     # would not release what all threads stored.
+    # A staged tile's count is released at the end of this program's next tile (`_finish_scattered`): its
+    # stores then had a whole K loop to land, so the release no longer waits for them.  One H200, flags preset
+    # (2026-12-03): proj_fprop 1.264x -> 1.234x cuBLAS's time at h2048 s8192 BF16, 1.356x -> 1.325x at FP8.
+    # Asking L2 for the received partials before a tile's K loop (prefetch.global.L2) made them 0.5-1% slower.
+    pending = -1  # the count of this program's staged tile not yet released (-1: none)
     for tile in tl.range(pid, whole_tiles, C.GEMM_SMS):
         step, pid_m, pid_n = _ring_tile(tile, grid, C.GROUP_M)
         acc = _owner_tile(a, b, scales, step, pid_m, pid_n, (0, steps), dims, stride_a, stride_b, rank, C, CHUNKS)
-        arrived = _finish_scattered(
-            c, exchange, recv_tiles, acc, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments, C, CHUNKS,
-            RECV_TMA,
+        arrived, pending = _finish_scattered(
+            c, exchange, recv_tiles, acc, step, pid_m, pid_n, arrived, pending, dims, stride_c, rank, epoch, segments,
+            C, CHUNKS, RECV_TMA,
         )  # fmt: skip
+    if pending >= 0:
+        _release(exchange[1], pending)
     # our own chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
     # `if` of its own, so that kernels without a split tail do not even compile it
     if C.SPLIT_TAIL:  # noqa: SIM102
@@ -256,10 +264,12 @@ def _scatter_matmul_kernel(
             acc = _owner_tile(a, b, scales, step, pid_m, pid_n, ks, dims, stride_a, stride_b, rank, C, CHUNKS)
             last, total = gemm.add_parts(scratch, tail, acc, pid, t, C)
             if last:
-                _finish_scattered(
-                    c, exchange, recv_tiles, total, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments,
-                    C, CHUNKS, RECV_TMA,
+                _, pending = _finish_scattered(
+                    c, exchange, recv_tiles, total, step, pid_m, pid_n, arrived, -1, dims, stride_c, rank, epoch,
+                    segments, C, CHUNKS, RECV_TMA,
                 )  # fmt: skip
+                if pending >= 0:  # a tile of another owner's chunk (the tail can reach into it)
+                    _release(exchange[1], pending)
 
 
 @triton.jit
@@ -273,6 +283,33 @@ def _owner_tile(
 
 
 @triton.jit
+def _segment_tile(pid_m, pid_n, dims, segments, C: tl.constexpr):
+    """Where tile (pid_m, pid_n) of a chunk lies in its segment: (seg, seg_count, seg_base, (seg_rows,
+    seg_cols), off) = the segment's number, the chunk's segments, its first element in a partial, its shape
+    and the tile's (row, column) offsets in it (see `_finish_scattered`)."""
+    col_tiles = segments[1]
+    R, N, _ = dims
+    num_pid_m = (R + C.BLOCK_M - 1) // C.BLOCK_M
+    num_pid_n = (N + C.BLOCK_N - 1) // C.BLOCK_N
+    col_groups = (num_pid_n + col_tiles - 1) // col_tiles
+    seg_count = (num_pid_m + C.GROUP_M - 1) // C.GROUP_M * col_groups
+    seg = pid_m // C.GROUP_M * col_groups + pid_n // col_tiles
+    row0 = pid_m // C.GROUP_M * (C.GROUP_M * C.BLOCK_M)
+    col0 = pid_n // col_tiles * (col_tiles * C.BLOCK_N)
+    seg_rows = tl.minimum(C.GROUP_M * C.BLOCK_M, R - row0)
+    seg_cols = tl.minimum(col_tiles * C.BLOCK_N, N - col0)
+    off = (pid_m * C.BLOCK_M - row0, pid_n * C.BLOCK_N - col0)
+    return seg, seg_count, row0 * N + seg_rows * col0, (seg_rows, seg_cols), off
+
+
+@triton.jit
+def _release(counts_ptr, index):
+    """Count one more finished tile at ``counts[index]``, releasing what every thread stored before."""
+    tl.debug_barrier()  # the whole tile is stored before the count releases it to the copy engine
+    tl.atomic_add(counts_ptr + index, 1, sem="release", scope="gpu")
+
+
+@triton.jit
 def _finish_scattered(
     c,
     exchange,
@@ -282,6 +319,7 @@ def _finish_scattered(
     pid_m,
     pid_n,
     arrived,
+    pending,
     dims,
     stride_c,
     rank,
@@ -293,7 +331,8 @@ def _finish_scattered(
 ):
     """Hand a finished tile ``acc`` of ring step ``step`` on: another owner's partial is staged and counted
     for the copy engine; a tile of our own chunk gets the partials received for its segment added and is
-    stored.  Returns the last segment whose flags this program has seen (``arrived``, updated).
+    stored.  Returns (arrived, pending): the last segment whose flags this program has seen, and the count
+    of a staged tile not yet released (-1: none).
 
     ``exchange`` = (parts, counts, recv, ready) as `scatter_matmul` takes them, ``segments`` = (lanes,
     col_tiles).  Segments (`Segment`) are GROUP_M tile rows by ``col_tiles`` tile columns, numbered in the
@@ -304,25 +343,17 @@ def _finish_scattered(
     ``recv``.
     """
     parts_ptr, counts_ptr, recv_ptr, ready_ptr = exchange
-    lanes, col_tiles = segments
+    lanes = segments[0]
     R, N, _ = dims
-    num_pid_m = (R + C.BLOCK_M - 1) // C.BLOCK_M
-    num_pid_n = (N + C.BLOCK_N - 1) // C.BLOCK_N
-    col_groups = (num_pid_n + col_tiles - 1) // col_tiles
-    seg_count = (num_pid_m + C.GROUP_M - 1) // C.GROUP_M * col_groups
-    seg = pid_m // C.GROUP_M * col_groups + pid_n // col_tiles
-    row0 = pid_m // C.GROUP_M * (C.GROUP_M * C.BLOCK_M)
-    col0 = pid_n // col_tiles * (col_tiles * C.BLOCK_N)
-    seg_rows = tl.minimum(C.GROUP_M * C.BLOCK_M, R - row0)
-    seg_cols = tl.minimum(col_tiles * C.BLOCK_N, N - col0)
-    seg_base = row0 * N + seg_rows * col0
-    off = (pid_m * C.BLOCK_M - row0, pid_n * C.BLOCK_N - col0)  # within the segment
+    seg, seg_count, seg_base, seg_shape, off = _segment_tile(pid_m, pid_n, dims, segments, C)
+    if pending >= 0:  # before any wait below: a peer's wait may be for this very count
+        _release(counts_ptr, pending)
+        pending = -1
     if step < CHUNKS - 1:
-        # A pointer store, not TMA's asynchronous one: the count below must release finished data.
+        # A pointer store, not TMA's asynchronous one: the count must release finished data.
         staged = parts_ptr + step * R * N + seg_base
-        gemm.store_tile(staged, off, (seg_rows, seg_cols), (seg_cols, 1), acc, C, False)
-        tl.debug_barrier()  # the whole tile is stored before the count releases it to the copy engine
-        tl.atomic_add(counts_ptr + step * seg_count + seg, 1, sem="release", scope="gpu")
+        gemm.store_tile(staged, off, seg_shape, (seg_shape[1], 1), acc, C, False)
+        pending = step * seg_count + seg
     else:
         if seg > arrived:  # tiles only move forward, so one wait per segment and program
             for d in tl.static_range(1, CHUNKS):
@@ -335,11 +366,11 @@ def _finish_scattered(
             if RECV_TMA:
                 part = recv_tiles.load([src * seg_count + seg, off[0], off[1]]).reshape(C.BLOCK_M, C.BLOCK_N)
             else:
-                part_ptrs = recv_ptr + src * R * N + seg_base + offs_m[:, None] * seg_cols + offs_n[None, :]
-                part = gemm.load_block(part_ptrs, offs_m < seg_rows, offs_n < seg_cols, C.EVEN_M, C.EVEN_N)
+                part_ptrs = recv_ptr + src * R * N + seg_base + offs_m[:, None] * seg_shape[1] + offs_n[None, :]
+                part = gemm.load_block(part_ptrs, offs_m < seg_shape[0], offs_n < seg_shape[1], C.EVEN_M, C.EVEN_N)
             acc += part.to(tl.float32)
         gemm.store_tile(c, (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N), (R, N), stride_c, acc, C, C.TMA)
-    return arrived
+    return arrived, pending
 
 
 def gather_matmul(
@@ -435,6 +466,26 @@ def ring_config(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, g
     """The tile config of a ring kernel over ``chunks`` chunks of ``rows`` x ``n`` (depth ``k``) on ``gemm_sms``
     programs when the caller gives none: `gemm.choose_config` of the whole problem, told its chunks."""
     return gemm.choose_config(chunks * rows, n, k, dtype, gemm_sms, chunks=chunks)
+
+
+PLAIN_BELOW = 0.92
+"""`gemm.balance` under which a fused all-gather falls back to the plain ring (`fused_pays`)."""
+
+
+def fused_pays(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, gemm_sms: int) -> bool:
+    """Whether a fused all-gather over ``chunks`` chunks of ``rows`` x ``n`` (depth ``k``) on ``gemm_sms`` SMs
+    should run `gather_matmul`, rather than the plain ring: the library GEMM per chunk as each one arrives.
+
+    The fused kernel costs our GEMM's time plus 1-2% (`bench/ring_bench.py`), so it loses where our GEMM
+    loses to the library: where its tiles leave SMs idle (`gemm.balance` below `PLAIN_BELOW`, the h5120 s2048
+    shapes at TP=2).  A problem of less than a round of tiles stays fused (tests, latency-bound sizes).
+    A reduce-scatter always stays fused: the plain ring adds a pass over the partials (`ring_bench`'s plain
+    reduce-scatters were no faster than the kernel, 2026-12-03)."""
+    m = chunks * rows
+    large = gemm.for_dtype(gemm.LARGE, dtype)
+    if triton.cdiv(m, large.block_m) * triton.cdiv(n, large.block_n) < gemm_sms:
+        return True
+    return gemm.balance(m, n, k, dtype, gemm_sms) >= PLAIN_BELOW
 
 
 def max_segments(rows: int) -> int:
