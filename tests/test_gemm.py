@@ -448,11 +448,17 @@ def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: Path) -> None:
     dims = [(s["m"], s["n"], s["k"]) for s in data["shapes"]]
     assert dims[0] == (8192, 8192, 8192) and len(dims) == len(set(dims))
     assert (4096, 6144, 4096) in dims  # h4096 s4096 qkv_fprop at TP=2
-    assert data["method"]["dtype"] == "bf16" and "128x256x64_w8_s3_g8" in data["sweep_configs"]
+    assert (8192, 1024, 2048) in dims  # h2048 s8192 proj_dgrad: a small model of the default set
+    assert data["method"]["dtype"] == "bf16" and "128x256x64_w8_s4_g8" in data["sweep_configs"]
     fp8 = dry_run("bench/gemm_bench.py", tmp_path / "fp8.json", "--dtype", "fp8")
     assert fp8["method"]["dtype"] == "fp8" and fp8["shapes"] == data["shapes"]
-    assert "128x256x128_w8_s3_g8" in fp8["sweep_configs"] and "128x256x64_w8_s4_g8" in fp8["sweep_configs"]
-    assert len(fp8["ring_cases"]) == 30
+    assert "128x256x128_w8_s4_g8" in fp8["sweep_configs"] and "128x256x64_w8_s4_g8" in fp8["sweep_configs"]
+    assert len(fp8["ring_cases"]) == 8 * 6  # eight shapes x (four all-gather + two reduce-scatter slots)
+    own = dry_run("bench/gemm_bench.py", tmp_path / "own.json", "--shapes", "h6144_s2048_f24576_b2")
+    assert [(s["m"], s["n"], s["k"]) for s in own["shapes"]][1] == (4096, 9216, 6144)  # qkv_fprop, mbs 2
+    assert own["method"]["shapes"] == [
+        {"name": "h6144_s2048_b2", "tp": 2, "hidden": 6144, "seq": 2048, "ffn": 24576, "mbs": 2}
+    ]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
@@ -463,7 +469,9 @@ def test_every_bench_variant_computes_the_product_on_a_small_cpu_problem(dtype: 
     from bench import gemm_bench  # imported here: it binds the interpreted kernel modules
 
     errors = gemm_bench.check_variants(dtype, "cpu")
-    assert {"cublas", "ours", "all_gather/fused", "reduce_scatter/fused"} <= errors.keys()
+    assert {"cublas", "ours"} | {f"{c}/{v}" for c in ("all_gather", "reduce_scatter") for v in ("kernel", "plain")} <= (
+        errors.keys()
+    )
     assert ("cublas_split_accum" in errors) == (dtype == FP8)
     assert all(err <= gemm_bench.REL_ERR_LIMIT for err in errors.values()), errors
 

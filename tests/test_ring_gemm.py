@@ -203,7 +203,7 @@ def test_bad_arguments_name_the_field() -> None:
         assert err.value.field == field, (field, err.value)
 
 
-_CUDA_CHECKS = """
+_CUDA_SETUP = """
 import dataclasses, sys
 import torch
 sys.path.insert(0, "tests")
@@ -214,7 +214,12 @@ configs = [None]  # the heuristic's pick (a split tail on the h5120 shapes), the
 for base in (gemm.LARGE, gemm.MEDIUM, gemm.SMALL):
     configs += [base, dataclasses.replace(base, split_tail=True)]
 # h5120 s2048 fc1 at TP=2 (1.3 rounds), whole tiles at 1.x rounds, and ragged chunks (pointer loads)
-for shape in [(1024, 6912, 5120), (1024, 768, 1024), (130, 296, 520)]:
+shapes = [(1024, 6912, 5120), (1024, 768, 1024), (130, 296, 520)]
+passed = 0
+"""
+_CUDA_CHECKS = {
+    "bf16": """
+for shape in shapes:
     for cfg in configs:
         for gemm_sms in (7, None):
             for run in (run_gather, run_scatter):
@@ -226,27 +231,37 @@ for shape in [(1024, 6912, 5120), (1024, 768, 1024), (130, 296, 520)]:
                     again, _ = run(ring_gemm, 2, rank, shape, torch.bfloat16, tma=True, config=cfg,
                                    gemm_sms=gemm_sms, device="cuda")
                     assert torch.equal(again, out), case
-# FP8 operands (column-major b, bf16 partials and out); K = 520 leaves the ragged chunks' rows to pointer loads
-for shape in [(1024, 6912, 5120), (1024, 768, 1024), (130, 296, 520)]:
+                    passed += 1
+assert passed == len(shapes) * len(configs) * 2 * 2 * 2
+print(f"cuda ring checks ok: {passed} bf16 cases")
+""",
+    # FP8 operands (column-major b, bf16 partials and out); K = 520 leaves the ragged chunks' rows to pointer loads
+    "fp8": """
+for shape in shapes:
     for cfg in [None] + [gemm.for_dtype(c, torch.float8_e4m3fn) for c in configs[1:]]:
         for run in (run_gather, run_scatter):
             for rank in (0, 1):
                 case = ("fp8", run.__name__, shape, cfg and cfg.label(), rank)
                 out, ref = run(ring_gemm, 2, rank, shape, FP8, tma=True, config=cfg, gemm_sms=None, device="cuda")
                 assert out.dtype == torch.bfloat16 and rel_err(out, ref) <= REL_TOL[FP8], case
-print("cuda ring checks ok")
-"""
+                passed += 1
+assert passed == len(shapes) * len(configs) * 2 * 2
+print(f"cuda ring checks ok: {passed} fp8 cases")
+""",
+}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_compiled_ring_kernels_on_cuda_match_with_and_without_a_split_tail() -> None:
-    """The compiled (non-interpreted) kernels, in a fresh process without TRITON_INTERPRET."""
-    run_compiled(_CUDA_CHECKS)
+@pytest.mark.parametrize("dtype", sorted(_CUDA_CHECKS))
+def test_compiled_ring_kernels_on_cuda_match_with_and_without_a_split_tail(dtype: str) -> None:
+    """The compiled (non-interpreted) kernels, in a fresh process without TRITON_INTERPRET; one process per
+    dtype, so that the two compile side by side (each takes minutes on a cold Triton cache)."""
+    run_compiled(_CUDA_SETUP + _CUDA_CHECKS[dtype])
 
 
 def test_ring_bench_dry_run_lists_every_coupled_slot(tmp_path: Path) -> None:
     cases = dry_run("bench/ring_bench.py", tmp_path / "dry.json")["cases"]
-    assert len(cases) == 5 * 6  # five anchor shapes x (four all-gather + two reduce-scatter slots)
+    assert len(cases) == 8 * 6  # five anchor shapes, three small models x (four all-gather + two reduce-scatter)
     by_slot = {(c["shape"], c["slot"]): c for c in cases}
     assert by_slot["h5120_s2048", "proj_fprop"] == {
         "shape": "h5120_s2048", "slot": "proj_fprop", "m": 2048, "n": 5120, "k": 2560, "collective": "reduce_scatter"
