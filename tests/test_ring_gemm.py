@@ -267,3 +267,13 @@ def test_ring_bench_dry_run_lists_every_coupled_slot(tmp_path: Path) -> None:
         "shape": "h5120_s2048", "slot": "proj_fprop", "m": 2048, "n": 5120, "k": 2560, "collective": "reduce_scatter"
     }  # fmt: skip
     assert by_slot["h4096_s4096", "qkv_fprop"]["collective"] == "all_gather"
+
+
+def test_a_fused_all_gather_falls_back_to_the_plain_ring_only_where_our_tiles_leave_sms_idle() -> None:
+    def pays(rows: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+        return ring_gemm.fused_pays(rows, n, k, chunks=2, dtype=dtype, gemm_sms=132)
+
+    assert not pays(1024, 2560, 5120)  # h5120 s2048 proj_dgrad at TP=2: 160 tiles of 128x256 on 132 SMs
+    assert not pays(1024, 6912, 5120, FP8) and pays(1024, 6912, 5120)  # fc1_fprop: 128x128 tiles at FP8 only
+    assert pays(2048, 6144, 4096) and pays(2048, 6144, 4096, FP8)  # h4096 s4096 qkv_fprop
+    assert pays(16, 64, 16)  # less than one round of tiles: the fused kernel, whatever its balance
