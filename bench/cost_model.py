@@ -115,7 +115,7 @@ class Machine:
         )
 
 
-def config_ms(config: OverlapConfig, *, gemm_ms: float, comm_ms: float, machine: Machine, sms: int) -> float:
+def config_ms(config: OverlapConfig, *, gemm_ms: float, comm_ms: float, machine: Machine, gemm_sms: int) -> float:
     """The model's time of ``config`` on a problem of ``gemm_ms`` (cuBLAS, every SM) and ``comm_ms``."""
     m = machine
     if config.method == Method.NONE:
@@ -125,9 +125,9 @@ def config_ms(config: OverlapConfig, *, gemm_ms: float, comm_ms: float, machine:
     copy_sms = (config.num_sm or DEFAULT_NCCL_SMS) if sm_comm else 0
     margin = (config.num_sm or 0) if config.set_sm_margin else 0
     if margin:
-        gemm *= sms / (sms - margin) - m.margin_gain * min(margin, 4) / 4
+        gemm *= gemm_sms / (gemm_sms - margin) - m.margin_gain * min(margin, 4) / 4
     elif copy_sms:
-        gemm *= 1 + m.contention * copy_sms / sms
+        gemm *= 1 + m.contention * copy_sms / gemm_sms
     if sm_comm:
         comm = comm_ms * max(1.0, (m.k_sat / copy_sms) ** m.k_exp)
         comm *= m.cga[(1, 2, 4).index(config.cga_size)] if config.cga_size in (1, 2, 4) else 1.0
@@ -196,7 +196,7 @@ def machine_for(anchor: Anchor, *, seed: int) -> Machine:
 def model_ms(config: OverlapConfig, anchor: Anchor, machine: Machine) -> float:
     """`config_ms` on the problem ``config`` runs for the anchor's slot (bulk and an RS dgrad differ)."""
     gemm_ms, comm_ms = anchor.problems.get(config.method, anchor.problems[Method.NONE])
-    return config_ms(config, gemm_ms=gemm_ms, comm_ms=comm_ms, machine=machine, sms=H200.sm_count)
+    return config_ms(config, gemm_ms=gemm_ms, comm_ms=comm_ms, machine=machine, gemm_sms=H200.sm_count)
 
 
 def landscape_dict(anchor: Anchor, *, seed: int) -> dict[str, Any]:

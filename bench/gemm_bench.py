@@ -6,20 +6,22 @@ Run from the repository root (the script puts the root on ``sys.path`` itself):
     python bench/gemm_bench.py --dtype fp8 --out bench/results/gemm_fp8_h200.json
     python bench/gemm_bench.py --dry-run [--dtype fp8] [--out X.json]          # no CUDA: list the shapes
 
+    python bench/gemm_bench.py --shapes h6144_s2048_f24576_b2 --out X.json     # your own model's layers
+
 What it measures (``--dtype``: bf16, or FP8 E4M3 with per-tensor scales and bf16 out; random normal inputs,
 fp32 accumulate):
-  1. every distinct layer GEMM (m, n, k) of the anchor shapes at TP=2 (docs/measurement.md, The anchor
-     shapes), plus 8192^3:
+  1. every distinct layer GEMM (m, n, k) of the shapes at TP=2 (``--shapes``, `bench.shapes`: by default the
+     anchor shapes of docs/measurement.md and three small models), plus 8192^3:
      the library GEMM (torch.mm; FP8: ``torch._scaled_mm`` with fast accumulation, like our FP8 MMAs, and
      beside it with split accumulation) and `matmul` at all SMs with its heuristic tile config;
-  2. 8192^3 with the SM count held to sm-8, sm-16, sm-32, 100 and 66: `matmul` (``num_sms``, a hard bound)
+  2. 8192^3 with the SM count held to sm-8, sm-16, sm-32, 100 and 66: `matmul` (``gemm_sms``, a hard bound)
      beside `cublas_matmul` (cuBLASLt SM carve-out, a hint);
   3. a sweep of tile configs (split tail on and off; FP8 K steps 128 deep, and 64) on every shape, and which
      one wins;
-  4. the fused ring kernels with flags preset (`ring_bench`) on the anchors' coupled slots.
+  4. the fused ring kernels with flags preset (`ring_bench`) on the shapes' coupled slots.
 Timing and checks: `bench.timing` (every variant once against the fp32 product, relative Frobenius error
-<= 1e-2).  The summary holds the medians the targets are judged by (ours / library over the layer
-shapes, fused / library over the ring cases).
+<= 1e-2).  The summary holds the figures the targets are judged by (`TARGETS`: ours / library over the
+layer shapes, fused / library over the ring cases, at the median and the worst).
 
 Exit status: 0 all correct, 1 a variant failed or was wrong (the JSON is written either way), 2 usage.
 """
@@ -43,6 +45,7 @@ import triton  # noqa: E402
 
 from bench import ring_bench  # noqa: E402
 from bench.environment import environment  # noqa: E402
+from bench.shapes import BenchShape  # noqa: E402
 from bench.timing import (  # noqa: E402
     REL_ERR_LIMIT,
     Operands,
@@ -57,24 +60,18 @@ from bench.timing import (  # noqa: E402
     write_json,
 )
 from overlap_runtime import gemm  # noqa: E402
-from overlap_runtime.shape import ModelShape, Slot, gemm_dims  # noqa: E402
+from overlap_runtime.shape import Slot, gemm_dims  # noqa: E402
 
 DEFAULT_OUT = {
     "bf16": REPO / "bench" / "results" / "gemm_h200.json",
     "fp8": REPO / "bench" / "results" / "gemm_fp8_h200.json",
 }
-TP = 2
-ANCHORS = (  # (hidden, seq, ffn), mbs 1: docs/measurement.md, The anchor shapes
-    (4096, 4096, 14336),
-    (8192, 4096, 28672),
-    (8192, 8192, 28672),
-    (12288, 2048, 49152),
-    (5120, 2048, 13824),
-)
+TP = ring_bench.TP
 SLOTS = tuple(s for s in Slot if s not in (Slot.PROJ_WGRAD, Slot.FC2_WGRAD))
 SQUARE = (8192, 8192, 8192)
 SWEEP_CONFIGS = (
     gemm.LARGE,
+    dataclasses.replace(gemm.LARGE, num_stages=3),
     dataclasses.replace(gemm.LARGE, split_tail=True),
     gemm.MEDIUM,
     dataclasses.replace(gemm.MEDIUM, split_tail=True),
@@ -104,13 +101,12 @@ class GemmShape:
         return 2 * self.m * self.n * self.k
 
 
-def layer_shapes() -> list[GemmShape]:
-    """8192^3 first, then every distinct (m, n, k) of the anchor shapes' ten slots, in first-seen order."""
+def layer_shapes(shapes: tuple[BenchShape, ...]) -> list[GemmShape]:
+    """8192^3 first, then every distinct (m, n, k) of the shapes' ten slots, in first-seen order."""
     seen: dict[tuple[int, int, int], list[str]] = {SQUARE: ["square 8192^3"]}
-    for hidden, seq, ffn in ANCHORS:
-        shape = ModelShape(hidden=hidden, tp=TP, mbs=1, seq=seq, ffn_hidden=ffn)
+    for shape in shapes:
         for slot in SLOTS:
-            seen.setdefault(gemm_dims(shape, slot), []).append(f"h{hidden}_s{seq} {slot.value}")
+            seen.setdefault(gemm_dims(shape.model(TP), slot), []).append(f"{shape.name} {slot.value}")
     return [GemmShape(m=m, n=n, k=k, labels=tuple(labels)) for (m, n, k), labels in seen.items()]
 
 
@@ -123,9 +119,15 @@ def sm_counts(total: int) -> list[int]:
 # ------------------------------------------------------------------------------------------------ main
 
 
-FP8_TARGETS = {"ours_vs_library_median": 0.95, "fused_vs_library_median": 1.03}
-"""What the FP8 path must reach on one H200: our GEMM at >= 95% of ``torch._scaled_mm``'s speed at the median
-of the layer shapes, the fused ring kernels (flags preset) within 3% of its time at their median."""
+TARGETS = {
+    "ours_vs_library_median": 1.00,
+    "ours_vs_library_min": 0.95,
+    "fused_vs_library_median": 1.03,
+    "fused_vs_library_max": 1.10,
+}
+"""What issue 33 asks of one H200, at BF16 and at FP8: our GEMM at least as fast as the library at the median of
+the layer shapes and at least 95% of its speed on the worst; the fused ring kernels (flags preset, as
+dispatched: `ring_bench`) within 3% of the library's time at their median and 10% on their worst case."""
 
 
 def layer_variants(dtype: torch.dtype) -> dict[str, Variant]:
@@ -137,11 +139,11 @@ def layer_variants(dtype: torch.dtype) -> dict[str, Variant]:
 
 
 def sm_variants(counts: list[int]) -> dict[str, Variant]:
-    """Ours and cuBLASLt held to each SM count (``num_sms``: our hard bound, cuBLASLt's carve-out)."""
+    """Ours and cuBLASLt held to each SM count (``gemm_sms``: our hard bound, cuBLASLt's carve-out)."""
     variants: dict[str, Variant] = {}
     for c in counts:
-        variants[f"ours_{c}"] = lambda a, b, o, c=c: gemm.matmul(a, b, o, num_sms=c, **scales(a))
-        variants[f"cublaslt_{c}"] = lambda a, b, o, c=c: gemm.cublas_matmul(a, b, o, num_sms=c, **scales(a))
+        variants[f"ours_{c}"] = lambda a, b, o, c=c: gemm.matmul(a, b, o, gemm_sms=c, **scales(a))
+        variants[f"cublaslt_{c}"] = lambda a, b, o, c=c: gemm.cublas_matmul(a, b, o, gemm_sms=c, **scales(a))
     return variants
 
 
@@ -251,7 +253,7 @@ def run_sm_limits(bench: Bench) -> list[dict[str, Any]]:
         x_ours = ours["ms"] / full_ours if "ms" in ours and full_ours else None
         x_lt = lt["ms"] / full_lt if "ms" in lt and full_lt else None
         out.append(
-            {"num_sms": c, "ours": ours, "cublaslt_carveout": lt, "ours_slowdown": x_ours, "cublaslt_slowdown": x_lt}
+            {"gemm_sms": c, "ours": ours, "cublaslt_carveout": lt, "ours_slowdown": x_ours, "cublaslt_slowdown": x_lt}
         )
         print(f"{c:>5} {_fmt(ours.get('ms'), 8)} {_fmt(x_ours, 5, 2)}  {_fmt(lt.get('ms'), 11)} {_fmt(x_lt, 5, 2)}")
     return out
@@ -283,21 +285,21 @@ def run_sweep(bench: Bench, shapes: list[GemmShape]) -> list[dict[str, Any]]:
     return out
 
 
-def summarize(dtype: torch.dtype, layer_rows: list[dict[str, Any]], ring: dict[str, Any]) -> dict[str, Any]:
-    """The medians the targets are judged by: ours / library over the layer shapes (8192^3 left out), fused /
-    library over the ring cases; for FP8 the targets (`FP8_TARGETS`) and whether they are met."""
+def summarize(layer_rows: list[dict[str, Any]], ring: dict[str, Any]) -> dict[str, Any]:
+    """The figures the targets are judged by: ours / library (speed) over the layer shapes (8192^3 left out),
+    fused / library (time) over the ring cases, at the median and the worst; the `TARGETS` and which are met."""
     ratios = [r["ratio"] for r in layer_rows if r["ratio"] and tuple(r["labels"]) != ("square 8192^3",)]
     summary: dict[str, Any] = {
         "ours_vs_library_median": statistics.median(ratios) if ratios else None,
         "ours_vs_library_min": min(ratios, default=None),
         "fused_vs_library_median": ring["summary"]["fused_vs_cublas_median"],
+        "fused_vs_library_max": ring["summary"]["fused_vs_cublas_max"],
+        "targets": TARGETS,
     }
-    if dtype == gemm.FP8:
-        ours, fused = summary["ours_vs_library_median"], summary["fused_vs_library_median"]
-        summary["targets"] = FP8_TARGETS
-        summary["targets_met"] = bool(
-            ours and ours >= FP8_TARGETS["ours_vs_library_median"] and fused <= FP8_TARGETS["fused_vs_library_median"]
-        )
+    summary["targets_met"] = {
+        name: summary[name] is not None and (summary[name] <= goal if "fused" in name else summary[name] >= goal)
+        for name, goal in TARGETS.items()
+    }
     return summary
 
 
@@ -310,9 +312,11 @@ def _fmt(v: float | None, width: int = 9, digits: int = 3) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv, doc=__doc__, default_out=DEFAULT_OUT, dry_run="list shapes, tile configs and ring cases")
-    shapes = layer_shapes()
-    cases = ring_bench.ring_cases()
+    args = parse_args(
+        argv, doc=__doc__, default_out=DEFAULT_OUT, dry_run="list shapes, tile configs and ring cases", tp=TP
+    )
+    shapes = layer_shapes(args.shapes)
+    cases = ring_bench.ring_cases(args.shapes)
     configs = [cfg.label() for cfg in sweep_configs(args.dtype)]
     payload: dict[str, Any] = {
         "env": environment(),
@@ -323,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "stat": "median (p20/p80 beside)",
             "rel_err_limit": REL_ERR_LIMIT,
-            "anchors": [{"hidden": h, "seq": s, "ffn": f, "tp": TP, "mbs": 1} for h, s, f in ANCHORS],
+            "shapes": [{"name": s.name, "tp": TP} | dataclasses.asdict(s) for s in args.shapes],
         },
     }
     if args.dry_run:
@@ -352,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     payload["sweep"] = run_sweep(bench, shapes)
     print("\nfused ring kernels, flags preset (cuBLAS = the library GEMM of the whole problem)")
     payload["ring"] = ring_bench.run(cases, dtype=args.dtype, warmup=args.warmup, repeats=args.repeats)
-    payload["summary"] = summarize(args.dtype, payload["shapes"], payload["ring"])
+    payload["summary"] = summarize(payload["shapes"], payload["ring"])
     failures = bench.failures + [f"ring {case}: wrong" for case in payload["ring"]["summary"]["wrong"]]
     payload["failures"] = failures
     payload["wall_s"] = time.perf_counter() - t0

@@ -1,10 +1,12 @@
-"""Overlap benchmark on the anchor shapes: per slot PyTorch's fused async-TP op and the best config of a small
+"""Overlap benchmark on the layer shapes (``--shapes``, `bench.shapes`: by default the anchors and three small
+models): per slot PyTorch's fused async-TP op and the best config of a small
 grid per method, that best re-measured beside its own gemm, comm and serial run (the same interleaved rounds),
 its hidden share with a 95% interval, and over all slots the median hidden with a 95% interval, per run and
 over the runs; the targets of issue 2 checked at the end.
 
     python bench/overlap_bench.py --runs 2 --out bench/results/overlap_h200_tp2.json
     python bench/overlap_bench.py --runs 1 --shapes h4096_s4096 --slots qkv_fprop,proj_fprop   # a subset
+    python bench/overlap_bench.py --runs 1 --shapes h6144_s2048_f24576_b2         # your own model
     python bench/overlap_bench.py --merge run1.json run2.json --out both.json    # runs made by separate calls
     python bench/overlap_bench.py --dry-run --out /tmp/dry.json                  # CPU (gloo), a tiny shape
 
@@ -26,7 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import shapes
 from bench.environment import COMMIT_ENV, environment
+from bench.shapes import DEFAULT
+from bench.timing import add_shapes_option, parse_shapes_option
 from overlap_runtime.config import Method, OverlapConfig, check_config, problem
 from overlap_runtime.errors import ConfigError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
@@ -35,14 +40,9 @@ from overlap_runtime.shape import EXTERNAL_SLOTS, ModelShape, Slot
 from overlap_runtime.torch_async_tp import fused_task, has_fused_op
 from overlap_runtime.uncertainty import percentile_interval
 
-ANCHORS = {
-    "h4096_s4096": dict(hidden=4096, seq=4096, ffn_hidden=14336),
-    "h8192_s4096": dict(hidden=8192, seq=4096, ffn_hidden=28672),
-    "h8192_s8192": dict(hidden=8192, seq=8192, ffn_hidden=28672),
-    "h12288_s2048": dict(hidden=12288, seq=2048, ffn_hidden=49152),
-    "h5120_s2048": dict(hidden=5120, seq=2048, ffn_hidden=13824),
-}
-DRY_SHAPES = {"tiny": dict(hidden=64, seq=64, ffn_hidden=128)}
+ANCHORS = {s.name: dict(hidden=s.hidden, seq=s.seq, ffn_hidden=s.ffn) for s in shapes.ANCHORS}
+"""The anchor shapes by name, as the recorded results and landscapes key them (mbs 1)."""
+DRY_SHAPES = (shapes.BenchShape(hidden=64, seq=64, ffn=128),)
 SLOTS = [s for s in Slot if s not in EXTERNAL_SLOTS]
 DRY_SLOTS = "proj_fprop,qkv_dgrad"
 """A reduce-scatter fprop and a dgrad, whose ring exchange runs a problem (a reduce-scatter) of its own."""
@@ -209,14 +209,13 @@ def combine(runs: list[dict]) -> dict:
 
 def one_run(args: argparse.Namespace, run: int) -> dict:
     """Every shape and slot on a TP group of its own (a fresh set of rank processes)."""
-    anchors = DRY_SHAPES if args.dry_run else ANCHORS
     records = []
     started = time.time()
     with Runtime(tp=args.tp, backend=args.backend, trial_timeout_s=args.trial_timeout) as rt:
-        for name in args.shapes.split(","):
-            shape = ModelShape(tp=args.tp, mbs=1, **anchors[name])
+        for bench_shape in args.shapes:
+            shape = bench_shape.model(args.tp)
             for slot in args.slots.split(","):
-                record = {"shape": name, **bench_slot(rt, shape, Slot(slot), args)}
+                record = {"shape": bench_shape.name, **bench_slot(rt, shape, Slot(slot), args)}
                 records.append(record)
                 print(f"run {run + 1} " + slot_line(record), flush=True)
     return {"environment": environment(), "wall_s": time.time() - started, "records": records}
@@ -274,7 +273,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("bench/results/overlap_h200_tp2.json"))
     parser.add_argument("--dry-run", action="store_true", help="CPU (gloo), a tiny shape, two slots, few repeats")
     parser.add_argument("--merge", type=Path, nargs="+", help="combine the runs of these result files into --out")
-    parser.add_argument("--shapes", help="comma list of " + ", ".join(ANCHORS))
+    add_shapes_option(parser)
     parser.add_argument("--slots", help="comma list of slots (default all ten; two in a dry run)")
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--runs", type=int, default=2, help="independent runs, each on a fresh TP group")
@@ -283,8 +282,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--again-repeats", type=int, help="repeats per round of that re-measurement (default 10)")
     parser.add_argument("--trial-timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
+    args.shapes = parse_shapes_option(parser, args.shapes, tp=args.tp, default=DRY_SHAPES if args.dry_run else DEFAULT)
     defaults = {
-        "shapes": ",".join(DRY_SHAPES if args.dry_run else ANCHORS),
         "slots": DRY_SLOTS if args.dry_run else ",".join(s.value for s in SLOTS),
         "repeats": 3 if args.dry_run else 20,
         "rounds": 3 if args.dry_run else 5,

@@ -5,14 +5,18 @@ Run from the repository root (the script puts the root on ``sys.path`` itself):
     python bench/ring_bench.py --out bench/results/ring_h200.json    # CUDA, about a minute on one H200
     python bench/ring_bench.py --dtype fp8 --out X.json              # FP8 operands (`gemm_bench` runs this too)
     python bench/ring_bench.py --dry-run [--out X.json]              # no CUDA: list the slots
+    python bench/ring_bench.py --shapes h2048_s8192_b2 --out X.json  # your own model's slots
 
-What it measures: for every slot of the anchor shapes (``overlap_bench.ANCHORS``, TP=2, mbs 1) whose
-collective is coupled to its GEMM (all-gather of a, reduce-scatter of out), rank 0's launch of the fused
-kernel with every peer's chunk or partial already in place (flags preset, so no program ever waits),
-beside torch.mm (cuBLAS) and `gemm.matmul` of the same whole GEMM [T, K] x [K, N].
+What it measures: for every slot of the shapes (``--shapes``, `bench.shapes`; TP=2) whose collective is
+coupled to its GEMM (all-gather of a, reduce-scatter of out), rank 0's launch of the fused kernel with every
+peer's chunk or partial already in place (flags preset, so no program ever waits), beside torch.mm (cuBLAS)
+and `gemm.matmul` of the same whole GEMM [T, K] x [K, N], and the plain path that a fused config falls
+back to where the kernel cannot win (`ring_gemm.fused_pays`): the library GEMM per chunk, for a reduce-scatter
+then the received partials added by `flag_kernels.reduce_when_ready`.
 
-    fused / matmul   what the ring order, the flags and the staged partials cost inside the kernel
-    fused / cuBLAS   what a fused ring can reach at best, all communication hidden
+    kernel / matmul   what the ring order, the flags and the staged partials cost inside the kernel
+    fused / cuBLAS    what a fused config can reach at best, all communication hidden: the kernel's time, or
+                      the plain path's where the dispatcher falls back to it
 The overlap benchmark's fused-ring time minus this one is what the communication itself costs beside the
 kernel (copy-engine traffic, the ranks' skew).  Timing as in `gemm_bench` (interleaved variants, each call
 behind a GPU sleep, rotating inputs: `bench.timing`); every variant is checked against float32 cuBLAS (FP8:
@@ -38,7 +42,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from bench.environment import environment  # noqa: E402
-from bench.overlap_bench import ANCHORS  # noqa: E402
+from bench.shapes import BenchShape  # noqa: E402
 from bench.timing import (  # noqa: E402
     REL_ERR_LIMIT,
     Operands,
@@ -51,8 +55,8 @@ from bench.timing import (  # noqa: E402
     time_interleaved,
     write_json,
 )
-from overlap_runtime import gemm, ring_gemm  # noqa: E402
-from overlap_runtime.shape import Collective, ModelShape, Slot, slot_gemm  # noqa: E402
+from overlap_runtime import flag_kernels, gemm, ring_gemm  # noqa: E402
+from overlap_runtime.shape import Collective, Slot, slot_gemm  # noqa: E402
 
 DEFAULT_OUT = {
     "bf16": REPO / "bench" / "results" / "ring_h200.json",
@@ -75,14 +79,15 @@ class RingCase:
     collective: str
 
 
-def ring_cases() -> list[RingCase]:
+def ring_cases(shapes: tuple[BenchShape, ...]) -> list[RingCase]:
     cases = []
-    for name, dims in ANCHORS.items():
-        shape = ModelShape(tp=TP, mbs=1, **dims)
+    for shape in shapes:
         for slot in Slot:
-            g = slot_gemm(shape, slot)
+            g = slot_gemm(shape.model(TP), slot)
             if g.coupled:
-                cases.append(RingCase(shape=name, slot=slot.value, m=g.m, n=g.n, k=g.k, collective=g.collective.value))
+                cases.append(
+                    RingCase(shape=shape.name, slot=slot.value, m=g.m, n=g.n, k=g.k, collective=g.collective.value)
+                )
     return cases
 
 
@@ -96,8 +101,8 @@ def fused_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> t
     rows = case.m // TP
     if case.collective == Collective.ALL_GATHER:
         ready = torch.full((TP,), EPOCH, dtype=torch.int32, device=device)
-        sms = gemm.device_sm_count(device)
-        config = ring_gemm.ring_config(rows, case.n, case.k, chunks=TP, dtype=dtype, num_sms=sms)
+        gemm_sms = gemm.device_sm_count(device)
+        config = ring_gemm.ring_config(rows, case.n, case.k, chunks=TP, dtype=dtype, gemm_sms=gemm_sms)
 
         def gather(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
             return ring_gemm.gather_matmul(
@@ -105,7 +110,7 @@ def fused_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> t
             )
 
         return gather, {"config": config.label()}
-    plan = ring_gemm.scatter_plan(rows, case.n, case.k, chunks=TP, dtype=dtype, device=device, num_sms=None)
+    plan = ring_gemm.scatter_plan(rows, case.n, case.k, chunks=TP, dtype=dtype, device=device, gemm_sms=None)
     lanes = ring_gemm.max_segments(rows)
     partial_dtype = gemm.out_dtype(dtype)
     parts = torch.empty((TP - 1, rows, case.n), dtype=partial_dtype, device=device)
@@ -123,14 +128,52 @@ def fused_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> t
     return scatter, {"config": plan.config.label(), "segments": len(plan.segments)}
 
 
+def plain_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> Variant:
+    """Rank 0's plain ring with every peer's part in place: the library GEMM per chunk (`library`), and for a
+    reduce-scatter the peer's partial (zero here) added to ours by `flag_kernels.reduce_when_ready`."""
+    rows = case.m // TP
+    if case.collective == Collective.ALL_GATHER:
+
+        def gather(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            for c in range(TP):
+                library(a[c * rows : (c + 1) * rows], b, out[c * rows : (c + 1) * rows])
+            return out
+
+        return gather
+    partial_dtype = gemm.out_dtype(dtype)
+    parts = torch.empty((TP, rows, case.n), dtype=partial_dtype, device=device)
+    recv = torch.zeros((TP, rows, case.n), dtype=partial_dtype, device=device)
+    ready = torch.full((TP,), EPOCH, dtype=torch.int32, device=device)
+
+    def scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        for s in range(TP):  # the other owners' chunks first, ours (RANK's) last, as the plain ring runs them
+            owner = (RANK + 1 + s) % TP
+            library(a[owner * rows : (owner + 1) * rows], b, parts[s])
+        flag_kernels.reduce_when_ready(out[:rows], parts[TP - 1], recv, ready, epoch=EPOCH, rank=RANK)
+        return out[:rows]
+
+    return scatter
+
+
+def dispatched(case: RingCase, device: torch.device, dtype: torch.dtype) -> str:
+    """What a fused config runs on ``case``: "kernel", or "plain" where `ring_gemm.fused_pays` says it loses."""
+    if case.collective == Collective.REDUCE_SCATTER:
+        return "kernel"
+    rows, sms = case.m // TP, gemm.device_sm_count(device)
+    pays = ring_gemm.fused_pays(rows, case.n, case.k, chunks=TP, dtype=dtype, gemm_sms=sms)
+    return "kernel" if pays else "plain"
+
+
 def variants(case: RingCase, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Variant], dict[str, Any]]:
-    """cuBLAS (FP8: ``torch._scaled_mm``), `gemm.matmul` and the fused kernel on ``case``, and the plan."""
-    fused, planned = fused_variant(case, device, dtype)
+    """cuBLAS (FP8: ``torch._scaled_mm``), `gemm.matmul`, the fused kernel and the plain ring on ``case``, and
+    the plan (the kernel's tiles, what a fused config runs)."""
+    kernel, planned = fused_variant(case, device, dtype)
     return {
         "cublas": library,
         "matmul": lambda a, b, out: gemm.matmul(a, b, out, **scales(a)),
-        "fused": fused,
-    }, planned
+        "kernel": kernel,
+        "plain": plain_variant(case, device, dtype),
+    }, planned | {"dispatched": dispatched(case, device, dtype)}
 
 
 def measure(case: RingCase, *, dtype: torch.dtype, warmup: int, repeats: int, l2_bytes: int) -> dict[str, Any]:
@@ -142,32 +185,43 @@ def measure(case: RingCase, *, dtype: torch.dtype, warmup: int, repeats: int, l2
     row["correct"] = all(e <= REL_ERR_LIMIT for e in errors.values())
     row["times"] = time_interleaved(ops, fns, warmup=warmup, repeats=repeats)
     ms = {name: t["ms"] for name, t in row["times"].items()}
-    row["fused_vs_matmul"] = ms["fused"] / ms["matmul"]
-    row["fused_vs_cublas"] = ms["fused"] / ms["cublas"]
+    row["kernel_vs_matmul"] = ms["kernel"] / ms["matmul"]
+    row["kernel_vs_cublas"] = ms["kernel"] / ms["cublas"]
+    row["plain_vs_cublas"] = ms["plain"] / ms["cublas"]
+    row["fused_vs_cublas"] = ms[row["dispatched"]] / ms["cublas"]
     del ops
     torch.cuda.empty_cache()
     return row
 
 
 def run(cases: list[RingCase], *, dtype: torch.dtype, warmup: int, repeats: int) -> dict[str, Any]:
-    """Every case measured and printed: {"rows": ..., "summary": ...} (medians of fused / matmul and fused /
-    cuBLAS, the cases that computed wrong)."""
+    """Every case measured and printed: {"rows": ..., "summary": ...} (medians of kernel / matmul, kernel /
+    cuBLAS and, as dispatched, fused / cuBLAS with its worst case; the cases that computed wrong)."""
     l2 = l2_bytes()
-    print(f"{'shape':13} {'slot':11} {'cuBLAS':>7} {'matmul':>7} {'fused':>7} {'f/mm':>6} {'f/cuBLAS':>8}  config")
+    print(
+        f"{'shape':20} {'slot':11} {'cuBLAS':>7} {'matmul':>7} {'kernel':>7} {'plain':>7} {'k/mm':>6} "
+        f"{'k/cuBLAS':>8} {'p/cuBLAS':>8} {'fused':>6}  config"
+    )
     rows = []
     for case in cases:
         row = measure(case, dtype=dtype, warmup=warmup, repeats=repeats, l2_bytes=l2)
         rows.append(row)
         ms = {name: t["ms"] for name, t in row["times"].items()}
         print(
-            f"{case.shape:13} {case.slot:11} {ms['cublas']:7.4f} {ms['matmul']:7.4f} {ms['fused']:7.4f} "
-            f"{row['fused_vs_matmul']:6.3f} {row['fused_vs_cublas']:8.3f}  {row['config']}"
+            f"{case.shape:20} {case.slot:11} {ms['cublas']:7.4f} {ms['matmul']:7.4f} {ms['kernel']:7.4f} "
+            f"{ms['plain']:7.4f} {row['kernel_vs_matmul']:6.3f} {row['kernel_vs_cublas']:8.3f} "
+            f"{row['plain_vs_cublas']:8.3f} {row['dispatched']:>6}  {row['config']}"
             + ("" if row["correct"] else f"  WRONG {row['rel_err']}"),
             flush=True,
         )
+    worst = max(rows, key=lambda r: r["fused_vs_cublas"])
     summary = {
-        "fused_vs_matmul_median": statistics.median(r["fused_vs_matmul"] for r in rows),
+        "kernel_vs_matmul_median": statistics.median(r["kernel_vs_matmul"] for r in rows),
+        "kernel_vs_cublas_median": statistics.median(r["kernel_vs_cublas"] for r in rows),
         "fused_vs_cublas_median": statistics.median(r["fused_vs_cublas"] for r in rows),
+        "fused_vs_cublas_max": worst["fused_vs_cublas"],
+        "fused_worst_case": f"{worst['shape']}/{worst['slot']}",
+        "plain_cases": [f"{r['shape']}/{r['slot']}" for r in rows if r["dispatched"] == "plain"],
         "wrong": [f"{r['shape']}/{r['slot']}" for r in rows if not r["correct"]],
     }
     print(summary)
@@ -175,8 +229,8 @@ def run(cases: list[RingCase], *, dtype: torch.dtype, warmup: int, repeats: int)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv, doc=__doc__, default_out=DEFAULT_OUT, dry_run="list the fused slots")
-    cases = ring_cases()
+    args = parse_args(argv, doc=__doc__, default_out=DEFAULT_OUT, dry_run="list the fused slots", tp=TP)
+    cases = ring_cases(args.shapes)
     payload: dict[str, Any] = {
         "environment": environment(),
         "method": {
@@ -191,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.dry_run:
         for c in cases:
-            print(f"{c.shape:13} {c.slot:11} {c.collective:14} {c.m:>6} {c.n:>6} {c.k:>6}")
+            print(f"{c.shape:20} {c.slot:11} {c.collective:14} {c.m:>6} {c.n:>6} {c.k:>6}")
         if args.out is not None:
             write_json(args.out, payload | {"dry_run": True, "cases": [dataclasses.asdict(c) for c in cases]})
         return 0

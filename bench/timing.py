@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
+from bench import shapes
 from overlap_runtime import gemm
+from overlap_runtime.errors import ShapeError
 
 DTYPES = {"bf16": torch.bfloat16, "fp8": gemm.FP8}
 """``--dtype`` values: the operands' dtype."""
@@ -166,19 +168,23 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-def parse_args(argv: list[str] | None, *, doc: str, default_out: dict[str, Path], dry_run: str) -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None, *, doc: str, default_out: dict[str, Path], dry_run: str, tp: int
+) -> argparse.Namespace:
     """The command line of a one-GPU timing benchmark: --out, --dry-run (``dry_run`` says what it lists),
-    --dtype, --repeats and --warmup; bad values exit with code 2 and the rule.  ``args.dtype`` is the torch
-    dtype, ``args.dtype_name`` its name; ``args.out`` stays None in a dry run without --out, else it defaults
-    to ``default_out`` of the dtype."""
+    --dtype, --shapes (layers at ``tp``), --repeats and --warmup; bad values exit with code 2 and the rule.
+    ``args.dtype`` is the torch dtype, ``args.dtype_name`` its name, ``args.shapes`` the `shapes.BenchShape`s;
+    ``args.out`` stays None in a dry run without --out, else it defaults to ``default_out`` of the dtype."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     defaults = ", ".join(f"{name}: {path}" for name, path in default_out.items())
     parser.add_argument("--out", type=Path, default=None, help=f"JSON results path (default {defaults})")
     parser.add_argument("--dry-run", action="store_true", help=f"{dry_run}, no CUDA needed")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="operand dtype (default bf16)")
+    add_shapes_option(parser)
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per variant (>= 20; default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per variant first (default 5)")
     args = parser.parse_args(argv)
+    args.shapes = parse_shapes_option(parser, args.shapes, tp=tp)
     if args.repeats < 20:
         parser.error(f"--repeats: must be >= 20 (got {args.repeats})")
     if args.warmup < 1:
@@ -187,3 +193,24 @@ def parse_args(argv: list[str] | None, *, doc: str, default_out: dict[str, Path]
     if args.out is None and not args.dry_run:
         args.out = default_out[args.dtype_name]
     return args
+
+
+def add_shapes_option(parser: argparse.ArgumentParser) -> None:
+    """``--shapes NAME,...`` (`bench.shapes`), as every GPU benchmark takes it."""
+    default = ",".join(s.name for s in shapes.DEFAULT)
+    parser.add_argument("--shapes", help=f"{shapes.RULE} (default {default})")
+
+
+def parse_shapes_option(
+    parser: argparse.ArgumentParser,
+    text: str | None,
+    *,
+    tp: int,
+    default: tuple[shapes.BenchShape, ...] = shapes.DEFAULT,
+) -> tuple[shapes.BenchShape, ...]:
+    """The shapes of ``--shapes`` (None: ``default``); a bad value exits with code 2, naming --shapes and the
+    rule (``parser.error``)."""
+    try:
+        return shapes.parse_list(text, tp=tp, default=default)
+    except ShapeError as e:
+        parser.error(str(e))

@@ -169,23 +169,23 @@ class Device(abc.ABC):
     # ``scales`` (scale_a, scale_b): FP8 operands' per-tensor dequantization scales (`fp8`); None otherwise.
     @abc.abstractmethod
     def gemm(
-        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str,
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, gemm_sms: int | None, kind: str,
         scales: Scales | None = None,
     ) -> None:  # fmt: skip
-        """``out = a @ b`` with the GEMM ``kind`` held to ``num_sms`` SMs (None: all)."""
+        """``out = a @ b`` with the GEMM ``kind`` held to ``gemm_sms`` SMs (None: all)."""
 
     @abc.abstractmethod
     def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales | None = None) -> None:
         """The best library GEMM at full SMs: the `gemm_ms` reference (FP8: ``torch._scaled_mm``)."""
 
     def gather_gemm(
-        self, a: torch.Tensor, ring: Any, b: torch.Tensor, out: torch.Tensor, *, epoch: int, num_sms: int | None,
+        self, a: torch.Tensor, ring: Any, b: torch.Tensor, out: torch.Tensor, *, epoch: int, gemm_sms: int | None,
         site: str, scales: Scales | None = None,
     ) -> None:  # fmt: skip
         """``out = all_gather(a) @ b`` in one launch of our GEMM, each peer chunk read from ``ring`` (a
         `symmetric.PeerBuffer`) once its ready flag reaches ``epoch`` (`ring_gemm.gather_matmul`)."""
         epoch = self._awaited(site, epoch)
-        kwargs = dict(ready=ring.flags[: self.tp], epoch=epoch, rank=self.rank, num_sms=num_sms, **self._paced())
+        kwargs = dict(ready=ring.flags[: self.tp], epoch=epoch, rank=self.rank, gemm_sms=gemm_sms, **self._paced())
         kwargs |= _scale_kwargs(scales)
         self.launch(lambda: self.kernels.gather_matmul(a, ring.local, b, out, **kwargs))
 
@@ -410,12 +410,12 @@ class CudaDevice(Device):
         work()
 
     def gemm(
-        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str,
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, gemm_sms: int | None, kind: str,
         scales: Scales | None = None,
     ) -> None:  # fmt: skip
         matmul = gemm_kernels.matmul if kind == "triton" else gemm_kernels.cublas_matmul
         kwargs = _scale_kwargs(scales)
-        self.launch(lambda: matmul(a, b, out, num_sms=num_sms, **kwargs))
+        self.launch(lambda: matmul(a, b, out, gemm_sms=gemm_sms, **kwargs))
 
     def library_gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales | None = None) -> None:
         if scales is None:

@@ -185,7 +185,7 @@ class HostDevice(Device):
                 raise StreamError(f"{type(error).__name__} on stream {stream.name}: {error}") from error
 
     def gemm(
-        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, num_sms: int | None, kind: str,
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, gemm_sms: int | None, kind: str,
         scales: Scales | None = None,
     ) -> None:  # fmt: skip
         self.library_gemm(a, b, out, scales)  # any GEMM kind: only the order of the work matters here

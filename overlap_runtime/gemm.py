@@ -10,10 +10,10 @@ bigger buffer (``buf[:, 128:256]``, the chunk of a userbuffers communicator).  S
 as they are; nothing is copied.  ``out`` is written in place when given and must not overlap ``a`` or
 ``b`` (not checked: overlapping views give undefined results).
 
-The SM contract.  `matmul` launches ``min(num_sms, tiles)`` programs and each one loops over the
-output tiles ``pid, pid + num_sms, ...`` (grouped, ``group_m`` rows of tiles at a time, for L2 reuse).
-So ``num_sms`` is a *hard bound*: at most ``num_sms`` programs exist, so the GEMM never occupies more than
-``num_sms`` SMs (the block scheduler puts them on idle SMs first; a 128x256 program with 8 warps and
+The SM contract.  `matmul` launches ``min(gemm_sms, tiles)`` programs and each one loops over the
+output tiles ``pid, pid + gemm_sms, ...`` (grouped, ``group_m`` rows of tiles at a time, for L2 reuse).
+So ``gemm_sms`` is a *hard bound*: at most ``gemm_sms`` programs exist, so the GEMM never occupies more than
+``gemm_sms`` SMs (the block scheduler puts them on idle SMs first; a 128x256 program with 8 warps and
 ~200 KB of shared memory fills an SM), and the others stay free for communication kernels.  `cublas_matmul` can only *ask* cuBLAS for fewer SMs: it sets PyTorch's SM
 carve-out on the cuBLASLt path (the only path that reads it: docs/measurement.md, Holding a GEMM to
 fewer SMs), a target that
@@ -30,7 +30,7 @@ where a part-empty last round of tiles costs most (`split_tail` took them from 0
 116 / 100 / 66 SMs it took 1.05 / 1.09 / 1.18 / 1.77x its full-chip time (cuBLASLt with the carve-out:
 1.02 / 1.04 / 1.21 / 1.81x).
 
-The last round.  ``tiles % num_sms`` tiles are left for the last round, which leaves the other SMs idle.
+The last round.  ``tiles % gemm_sms`` tiles are left for the last round, which leaves the other SMs idle.
 With ``split_tail`` (`choose_config` sets it where its cost model says it pays) each of those tiles is cut
 along K over the idle programs and the parts are added by whichever part finishes last (`split_tail`).
 An even stream-K spread of every K step over all programs was tried first and ran 1.7x slower per K step:
@@ -73,8 +73,8 @@ dequantization scales and a `FP8_OUT` output."""
 FP8_OUT = torch.bfloat16
 """What a GEMM of FP8 operands writes."""
 
-CPU_DEFAULT_NUM_SMS = 4
-"""Programs launched on CPU tensors (Triton's interpreter) when ``num_sms`` is None."""
+CPU_DEFAULT_GEMM_SMS = 4
+"""Programs launched on CPU tensors (Triton's interpreter) when ``gemm_sms`` is None."""
 
 SMEM_SLACK = 1024
 """Shared memory Triton adds to a TMA kernel's tiles (barriers; 32 bytes measured at 128x256x64)."""
@@ -144,21 +144,21 @@ class GemmTileConfig:
         return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}_g{self.group_m}{st}"
 
 
-LARGE = GemmTileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
-"""Large problems: cuBLAS parity at 8192^3 bf16 on H200 (bench/results/gemm_h200.json).  Three stages: with TMA the
-epilogue's [128, 256] staging tile shares the 227 KB of shared memory with them (four do not fit)."""
+LARGE = GemmTileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
+"""Large problems: cuBLAS parity at 8192^3 bf16 on H200 (bench/results/gemm_h200.json).  Four stages (192 KB)
+fit beside the epilogue's [128, 128] staging half-tile in the 227 KB of shared memory (`store_tile`)."""
 MEDIUM = GemmTileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
 """When 128x256 tiles would leave many SMs idle in the last wave."""
 SMALL = GemmTileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
 """Few tiles (small M or N)."""
 
 
-def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, chunks: int = 1) -> GemmTileConfig:
+def choose_config(m: int, n: int, k: int, dtype: torch.dtype, gemm_sms: int, *, chunks: int = 1) -> GemmTileConfig:
     """The tile config `matmul` and the ring kernels (`ring_gemm`, ``chunks`` = tp) use when the caller gives
     none.
 
     The heuristic: a persistent kernel finishes when its busiest program does, after ``ceil(tiles /
-    num_sms)`` tiles of ``steps = ceil(k / block_k)`` K steps each, so a config costs ``rounds * steps *
+    gemm_sms)`` tiles of ``steps = ceil(k / block_k)`` K steps each, so a config costs ``rounds * steps *
     tile_area / efficiency`` (`_TILE_EFFICIENCY`).  With `split_tail` the last, part-empty round costs
     ``steps / splits`` plus the fix-up (`_TAIL_FIXUP_COST`).  The cheapest of LARGE, MEDIUM and SMALL, each
     with and without a split tail, wins; ties go to the larger tile without split.  So big problems take
@@ -173,22 +173,39 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int, *, c
     passed over when another one keeps them busy (at h5120 s2048 proj_dgrad on 2 x H200, 128x256 tiles
     with a split tail started 52 of 132 programs on the peer's chunk: 0.130 ms against 0.108 with 128x128).
     """
+    return min(_costed_configs(m, n, k, dtype, gemm_sms, chunks=chunks), key=lambda choice: choice[:2])[2]
+
+
+def balance(m: int, n: int, k: int, dtype: torch.dtype, gemm_sms: int) -> float:
+    """How well `choose_config`'s pick keeps ``gemm_sms`` SMs busy on ``m x n x k``, by its own cost model: the
+    work spread evenly at LARGE's rate over its cost (1: no idle SM in any round; h5120 s2048 proj_dgrad at
+    TP=2, 160 tiles of 128x256 on 132 SMs: 0.80).  Where it is low, cuBLAS's finer tilings win: at BF16 on
+    one H200, 0.89-0.91 went with our GEMM at 1.05-1.09x cuBLAS's time, 0.80 with 1.24x, and 0.97 with
+    0.99-1.02x (`bench/gemm_bench.py` layer shapes, 2026-12-03)."""
+    even = m * n * triton.cdiv(k, for_dtype(LARGE, dtype).block_k) / gemm_sms
+    return even / min(cost for _, cost, _ in _costed_configs(m, n, k, dtype, gemm_sms))
+
+
+def _costed_configs(
+    m: int, n: int, k: int, dtype: torch.dtype, gemm_sms: int, *, chunks: int = 1
+) -> list[tuple[bool, float, GemmTileConfig]]:
+    """`choose_config`'s candidates: (starts programs on a chunk in flight, cost, config)."""
     choices = []
     for base in (LARGE, MEDIUM, SMALL):
         cfg = for_dtype(base, dtype)
         steps = max(1, triton.cdiv(k, cfg.block_k))
         area = cfg.block_m * cfg.block_n / _TILE_EFFICIENCY[(cfg.block_m, cfg.block_n)]
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-        full, tail = divmod(tiles, num_sms)
-        waiters = num_sms - triton.cdiv(m // chunks, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-        early = chunks > 1 and waiters > num_sms * MAX_EARLY_WAITERS
+        full, tail = divmod(tiles, gemm_sms)
+        waiters = gemm_sms - triton.cdiv(m // chunks, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        early = chunks > 1 and waiters > gemm_sms * MAX_EARLY_WAITERS
         choices.append((early, (full + (tail > 0)) * steps * area, cfg))
-        splits = tail_splits(tiles, num_sms, steps)
+        splits = tail_splits(tiles, gemm_sms, steps)
         if splits:
             cost = (full * steps + steps / splits) * area + _TAIL_FIXUP_COST
             choices.append((early, cost, dataclasses.replace(cfg, split_tail=True)))
     # min() keeps the first of equal keys: ties go to the larger tile, then to no split
-    return min(choices, key=lambda choice: choice[:2])[2]
+    return choices
 
 
 class KernelConstants(NamedTuple):
@@ -201,7 +218,7 @@ class KernelConstants(NamedTuple):
     BLOCK_N: int
     BLOCK_K: int
     GROUP_M: int
-    NUM_SMS: int
+    GEMM_SMS: int
     """Programs of a full round: the stride of the persistent tile loop."""
     FP32_IEEE: bool
     """fp32 operands: full fp32 products, not TF32 (the tests compare against float64)."""
@@ -330,7 +347,13 @@ def store_tile(c, off, bounds, strides, acc, C: tl.constexpr, TMA: tl.constexpr)
     (rows, columns) where C's EVEN_M / EVEN_N say a dimension can be ragged."""
     off_m, off_n = off
     if TMA:
-        c.store([off_m, off_n], acc.to(c.dtype))
+        # Two [BLOCK_M, BLOCK_N / 2] halves: half the staging tile, which makes room for a fourth stage of
+        # LARGE's 128x256 tiles (`tma_fits`).  One H200, `bench/gemm_bench.py` shapes (2026-12-03): the median
+        # of 36 layer GEMMs went from 1.018x to 1.013x cuBLAS's time at BF16 and from 1.005x to 0.999x at FP8
+        # with 4 stages; halves alone, at 3 stages, took 0.2-0.5% off.
+        left, right = acc.reshape(C.BLOCK_M, 2, C.BLOCK_N // 2).permute(0, 2, 1).split()
+        c.store([off_m, off_n], left.to(c.dtype))
+        c.store([off_m, off_n + C.BLOCK_N // 2], right.to(c.dtype))
     else:
         rows, cols = bounds
         offs_m = off_m + tl.arange(0, C.BLOCK_M)
@@ -353,7 +376,7 @@ def _persistent_matmul_kernel(
     M, N, _ = dims
     # flatten: the K loops of consecutive tiles form one software pipeline (loads of the next tile start
     # under the last MMAs of this one); measured with TMA only.
-    for tile in tl.range(pid, whole_tiles, C.NUM_SMS, flatten=C.TMA):
+    for tile in tl.range(pid, whole_tiles, C.GEMM_SMS, flatten=C.TMA):
         pid_m, pid_n = tile_position(tile, grid, C.GROUP_M)
         off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
         acc = partial_product(a, b, off, (0, steps), dims, stride_a, stride_b, scales, C)
@@ -418,11 +441,11 @@ def add_parts(scratch, tail, acc, pid, t, C: tl.constexpr):
     return last, total
 
 
-def tail_splits(tiles: int, num_sms: int, steps: int) -> int:
+def tail_splits(tiles: int, gemm_sms: int, steps: int) -> int:
     """How many K parts `split_tail` cuts each tile of the last, part-empty wave into (0: no split): as many
     as idle programs allow, at most `MAX_TAIL_SPLITS` and never below 8 K steps a part."""
-    tail = tiles % num_sms
-    splits = min(num_sms // tail, MAX_TAIL_SPLITS, steps // 8) if tail else 0
+    tail = tiles % gemm_sms
+    splits = min(gemm_sms // tail, MAX_TAIL_SPLITS, steps // 8) if tail else 0
     return splits if splits >= 2 else 0
 
 
@@ -437,19 +460,19 @@ class TailSplit:
     locks: torch.Tensor
 
     @classmethod
-    def plan(cls, cfg: GemmTileConfig, *, tiles: int, sms: int, k: int, device: torch.device) -> TailSplit:
-        """The split of ``tiles`` tiles of depth ``k`` on ``sms`` programs (none unless ``cfg.split_tail``)."""
-        splits = tail_splits(tiles, sms, triton.cdiv(k, cfg.block_k)) if cfg.split_tail else 0
-        tail = tiles % sms if splits else 0
+    def plan(cls, cfg: GemmTileConfig, *, tiles: int, gemm_sms: int, k: int, device: torch.device) -> TailSplit:
+        """The split of ``tiles`` tiles of depth ``k`` on ``gemm_sms`` programs (none unless ``cfg.split_tail``)."""
+        splits = tail_splits(tiles, gemm_sms, triton.cdiv(k, cfg.block_k)) if cfg.split_tail else 0
+        tail = tiles % gemm_sms if splits else 0
         # Scratch from PyTorch's caching allocator, per call: launches on concurrent streams never share it.
         partials = torch.empty((tail * splits, cfg.block_m * cfg.block_n), dtype=torch.float32, device=device)
         return cls(
             tiles=tail, splits=splits, partials=partials, locks=torch.zeros(tail, dtype=torch.int32, device=device)
         )
 
-    def grid(self, tiles: int, sms: int) -> tuple[int]:
+    def grid(self, tiles: int, gemm_sms: int) -> tuple[int]:
         """One program per SM, or per tile or tail part when there are fewer."""
-        return (min(sms, max(tiles, self.tiles * self.splits)),)
+        return (min(gemm_sms, max(tiles, self.tiles * self.splits)),)
 
     def scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The kernels' argument ``scratch`` = (partials, locks)."""
@@ -470,13 +493,13 @@ def matmul(
     b: torch.Tensor,
     out: torch.Tensor | None = None,
     *,
-    num_sms: int | None = None,
+    gemm_sms: int | None = None,
     config: GemmTileConfig | None = None,
     tma: bool = True,
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out = a @ b`` on at most ``num_sms`` SMs (None: all of the device's; 4 on CPU).
+    """``out = a @ b`` on at most ``gemm_sms`` SMs (None: all of the device's; 4 on CPU).
 
     FP8 (`FP8` a and b): ``out = (a * scale_a) @ (b * scale_b)`` in `FP8_OUT`, with ``scale_a`` and
     ``scale_b`` one-element fp32 tensors on a's device (per-tensor dequantization scales, TE's scale_inv),
@@ -486,12 +509,12 @@ def matmul(
 
     ``config`` None picks tiles with `choose_config`.  The tiles move by TMA (tensor descriptors) when
     ``tma`` and `tma_fits` allows it, else by pointer loads.  Raises `InputError` (a ValueError) naming the
-    argument for bad tensors, scales or ``num_sms``, `ConfigError` for a bad ``config``.
+    argument for bad tensors, scales or ``gemm_sms``, `ConfigError` for a bad ``config``.
     """
     m, n, k = check_operands(a, b, out)
     scales = check_scales(a, scale_a, scale_b)
     check_launchable(a)
-    sms = resolve_num_sms(a.device, num_sms)
+    gemm_sms = resolve_gemm_sms(a.device, gemm_sms)
     if config is not None and not isinstance(config, GemmTileConfig):
         raise ConfigError("config", "must be a GemmTileConfig or None", type(config).__name__)
     if out is None:
@@ -500,9 +523,9 @@ def matmul(
         return out
     if k == 0:
         return out.zero_()
-    cfg = config if config is not None else choose_config(m, n, k, a.dtype, sms)
+    cfg = config if config is not None else choose_config(m, n, k, a.dtype, gemm_sms)
     tiled = {"a": (a, "a"), "b": (b, "b"), "c": (out, "c")}
-    launch(_persistent_matmul_kernel, tiled, a=a, b=b, out=out, cfg=cfg, sms=sms, tma=tma, scales=scales)
+    launch(_persistent_matmul_kernel, tiled, a=a, b=b, out=out, cfg=cfg, gemm_sms=gemm_sms, tma=tma, scales=scales)
     return out
 
 
@@ -522,13 +545,13 @@ def launch(
     b: torch.Tensor,
     out: torch.Tensor,
     cfg: GemmTileConfig,
-    sms: int,
+    gemm_sms: int,
     tma: bool,
     chunks: int = 1,
     **args: object,
 ) -> None:
     """Launch one of our persistent GEMM kernels on ``chunks`` chunks of the problem ``a [M, K] @ b [K, N] ->
-    out`` (a ring kernel's chunk is M rows; `matmul` has one), on at most ``sms`` programs.
+    out`` (a ring kernel's chunk is M rows; `matmul` has one), on at most ``gemm_sms`` programs.
 
     Every such kernel takes, by name: its operands whose tiles it moves, ``tiled`` (each with its role "a",
     "b" or "c": TMA descriptors of its tiles (`tma_views`) when ``tma`` and `tma_fits` allow, else the
@@ -541,7 +564,7 @@ def launch(
     for name, t in (("a", a), ("b", b), ("out", out)):
         check_int32_offsets(name, t, cfg)
     tiles = chunks * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    split = TailSplit.plan(cfg, tiles=tiles, sms=sms, k=k, device=a.device)
+    split = TailSplit.plan(cfg, tiles=tiles, gemm_sms=gemm_sms, k=k, device=a.device)
     b_kmajor = _b_kmajor(b)
     views = tma_views(cfg, tiled, b_kmajor=b_kmajor)
     tma = tma and tma_fits(cfg, *(view for view, _ in views.values()))
@@ -551,7 +574,7 @@ def launch(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m,
-        NUM_SMS=sms,
+        GEMM_SMS=gemm_sms,
         FP32_IEEE=a.dtype == torch.float32,
         UPCAST=INTERPRETED and a.dtype == torch.bfloat16,
         EVEN_M=m % cfg.block_m == 0,
@@ -562,7 +585,7 @@ def launch(
         SPLIT_TAIL=split.splits > 0,
     )
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-        kernel[split.grid(tiles, sms)](
+        kernel[split.grid(tiles, gemm_sms)](
             **operands,
             **args,
             scratch=split.scratch(),
@@ -589,8 +612,9 @@ def tma_views(
     cfg: GemmTileConfig, tiled: dict[str, tuple[torch.Tensor, str]], *, b_kmajor: bool
 ) -> dict[str, tuple[torch.Tensor, list[int]]]:
     """Per tiled operand, the view a tensor descriptor addresses and its tile: [block_m, block_k] of a,
-    [block_k, block_n] of b (b.T's [block_n, block_k] when ``b_kmajor``), [block_m, block_n] of out ("c")."""
-    blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n]}
+    [block_k, block_n] of b (b.T's [block_n, block_k] when ``b_kmajor``), [block_m, block_n / 2] of out ("c":
+    the epilogue stores each tile as two halves, `store_tile`)."""
+    blocks = {"a": [cfg.block_m, cfg.block_k], "b": [cfg.block_k, cfg.block_n], "c": [cfg.block_m, cfg.block_n // 2]}
     views = {}
     for name, (t, role) in tiled.items():
         kmajor = role == "b" and b_kmajor
@@ -600,7 +624,7 @@ def tma_views(
 
 def tma_fits(cfg: GemmTileConfig, *tensors: torch.Tensor) -> bool:
     """Whether ``cfg`` can move the tiles of ``tensors`` (the operands, out last) by TMA: every layout allows
-    it (`tma_layout`) and the stages plus the epilogue's staging tile, which TMA adds, fit in the device's
+    it (`tma_layout`) and the stages plus the epilogue's staging half-tile, which TMA adds, fit in the device's
     shared memory (a config that fills it with stages, like 256x128x64 with 4, runs with pointer loads
     instead)."""
     if not all(tma_layout(t) for t in tensors):
@@ -609,7 +633,7 @@ def tma_fits(cfg: GemmTileConfig, *tensors: torch.Tensor) -> bool:
     if device.type != "cuda":
         return True
     stages = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * tensors[0].element_size()
-    staging = cfg.block_m * cfg.block_n * tensors[-1].element_size()
+    staging = cfg.block_m * cfg.block_n // 2 * tensors[-1].element_size()
     return stages + staging + SMEM_SLACK <= max_shared_mem(device.index)
 
 
@@ -631,18 +655,18 @@ def cublas_matmul(
     b: torch.Tensor,
     out: torch.Tensor | None = None,
     *,
-    num_sms: int | None = None,
+    gemm_sms: int | None = None,
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out = a @ b`` through ``torch.mm`` (cuBLAS on CUDA), asking cuBLAS for ``num_sms`` SMs.
+    """``out = a @ b`` through ``torch.mm`` (cuBLAS on CUDA), asking cuBLAS for ``gemm_sms`` SMs.
 
     FP8 operands (scales as in `matmul`) go to ``torch._scaled_mm`` (cuBLASLt) with fast accumulation, which
     is what our kernel's FP8 MMAs do on Hopper (Triton's default there) and TE's forward GEMMs ask for.  Its
     layout rules hold: a row-major, b column-major, K and N multiples of 16 (`check_scaled_mm_layout`).
 
-    With ``num_sms`` set (CUDA only), the call runs on the cuBLASLt backend with PyTorch's SM carve-out
-    set to ``sm_count - num_sms``; both are process-global and read at launch, so they are set right
+    With ``gemm_sms`` set (CUDA only), the call runs on the cuBLASLt backend with PyTorch's SM carve-out
+    set to ``sm_count - gemm_sms``; both are process-global and read at launch, so they are set right
     before the call and restored (previous carve-out, previous backend) right after it, also on error.
     Not thread-safe against other threads launching cuBLAS meanwhile.  A strided ``out`` is written in
     place (``torch.mm``'s ``out=`` takes any strides; ``torch._scaled_mm``'s is given a contiguous one).
@@ -651,11 +675,11 @@ def cublas_matmul(
     scales = check_scales(a, scale_a, scale_b)
     if scales is not None:
         check_scaled_mm_layout(a, b)
-    if num_sms is not None and a.device.type != "cuda":
-        raise InputError("num_sms", "can only be set for CUDA tensors (cuBLAS SM carve-out)", num_sms)
+    if gemm_sms is not None and a.device.type != "cuda":
+        raise InputError("gemm_sms", "can only be set for CUDA tensors (cuBLAS SM carve-out)", gemm_sms)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype(a.dtype), device=a.device)
-    with _cublas_sm_bound(a.device, num_sms):
+    with _cublas_sm_bound(a.device, gemm_sms):
         if scales is None:
             torch.mm(a, b, out=out)
         else:
@@ -669,12 +693,12 @@ def cublas_matmul(
 
 
 @contextlib.contextmanager
-def _cublas_sm_bound(device: torch.device, num_sms: int | None) -> Iterator[None]:
-    """cuBLASLt with PyTorch's SM carve-out for ``num_sms`` SMs inside (nothing for None), restored after."""
-    if num_sms is None:
+def _cublas_sm_bound(device: torch.device, gemm_sms: int | None) -> Iterator[None]:
+    """cuBLASLt with PyTorch's SM carve-out for ``gemm_sms`` SMs inside (nothing for None), restored after."""
+    if gemm_sms is None:
         yield
         return
-    sm_count = resolve_num_sms(device, num_sms)
+    sm_count = resolve_gemm_sms(device, gemm_sms)
     total = torch.cuda.get_device_properties(device).multi_processor_count
     prev_backend = torch.backends.cuda.preferred_blas_library()
     prev_carveout = torch._C._get_sm_carveout_experimental()
@@ -699,20 +723,20 @@ def check_scaled_mm_layout(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def device_sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device; `CPU_DEFAULT_NUM_SMS` for CPU tensors (the interpreter)."""
+    """SMs of a CUDA device; `CPU_DEFAULT_GEMM_SMS` for CPU tensors (the interpreter)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_DEFAULT_NUM_SMS
+    return CPU_DEFAULT_GEMM_SMS
 
 
-def resolve_num_sms(device: torch.device, num_sms: int | None) -> int:
-    if num_sms is None:
+def resolve_gemm_sms(device: torch.device, gemm_sms: int | None) -> int:
+    if gemm_sms is None:
         return device_sm_count(device)
-    if not _is_int(num_sms) or num_sms < 1:
-        raise InputError("num_sms", "must be an integer >= 1 or None", num_sms)
-    if device.type == "cuda" and num_sms > device_sm_count(device):
-        raise InputError("num_sms", f"must be at most the device's {device_sm_count(device)} SMs", num_sms)
-    return int(num_sms)
+    if not _is_int(gemm_sms) or gemm_sms < 1:
+        raise InputError("gemm_sms", "must be an integer >= 1 or None", gemm_sms)
+    if device.type == "cuda" and gemm_sms > device_sm_count(device):
+        raise InputError("gemm_sms", f"must be at most the device's {device_sm_count(device)} SMs", gemm_sms)
+    return int(gemm_sms)
 
 
 def out_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -72,7 +72,7 @@ def reduce_when_ready(out: torch.Tensor, own: torch.Tensor, received: torch.Tens
 
 
 def gather_matmul(a: torch.Tensor, ring: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, ready: torch.Tensor,
-                  epoch: int, rank: int, num_sms: int | None, pause: Callable[[], None] = _no_pause,
+                  epoch: int, rank: int, gemm_sms: int | None, pause: Callable[[], None] = _no_pause,
                   limit_s: float = WAIT_LIMIT_S, scale_a: torch.Tensor | None = None,
                   scale_b: torch.Tensor | None = None) -> None:  # fmt: skip
     """`ring_gemm.gather_matmul`: the local shard first (read in place), then each peer's chunk in ring order

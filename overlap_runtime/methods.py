@@ -21,6 +21,7 @@ Every wait and flag write of the copy-engine methods names its site, ``"<functio
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -200,8 +201,12 @@ def run(dev: Device, ops: Operands, plan: Plan) -> None:
         _bulk(dev, ops, plan)
     elif plan.method == Method.PIPELINE:
         _pipeline_rs(dev, ops, plan)
-    elif plan.fused:
-        (_fused_ring_ag if g.collective == Collective.ALL_GATHER else _fused_ring_rs)(dev, ops, plan)
+    elif plan.fused and g.collective == Collective.REDUCE_SCATTER:
+        _fused_ring_rs(dev, ops, plan)
+    elif plan.fused and _fused_pays(dev, ops, plan):
+        _fused_ring_ag(dev, ops, plan)
+    elif plan.fused:  # our GEMM would lose to the library here: the copy-engine ring with cuBLAS chunks
+        _ring_ag_ce(dev, ops, dataclasses.replace(plan, fused=False, gemm_kind="cublas"))
     elif g.collective == Collective.ALL_GATHER:
         (_ring_ag_ce if plan.use_ce else _ring_ag)(dev, ops, plan)
     else:
@@ -285,7 +290,7 @@ def _independent_collective(dev: Device, ops: Operands, options: CommOptions) ->
 
 
 def _gemm(dev: Device, plan: Plan, ops: Operands) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
-    return lambda a, b, out: dev.gemm(a, b, out, num_sms=plan.gemm_sms, kind=plan.gemm_kind, scales=ops.scales)
+    return lambda a, b, out: dev.gemm(a, b, out, gemm_sms=plan.gemm_sms, kind=plan.gemm_kind, scales=ops.scales)
 
 
 def _bulk(dev: Device, ops: Operands, plan: Plan) -> None:
@@ -495,12 +500,21 @@ def _finish(dev: Device, comm: Any, buf: PeerBuffer, e: int) -> None:
             buf.signal(src, ACK, e, site="finish.ack")
 
 
+def _fused_pays(dev: Device, ops: Operands, plan: Plan) -> bool:
+    """`ring_gemm.fused_pays` on CUDA; the emulated GPU always runs the fused kernel (nothing to win there)."""
+    if not dev.is_cuda:
+        return True
+    g = ops.gemm
+    gemm_sms = plan.gemm_sms or dev.sm_count
+    return ring_gemm.fused_pays(ops.rows, g.n, g.k, chunks=dev.tp, dtype=ops.a.dtype, gemm_sms=gemm_sms)
+
+
 def _fused_ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
     """Copy-engine all-gather into one launch of our GEMM that starts on the local shard and reads each
     peer's chunk once its ready flag arrives (`ring_gemm.gather_matmul`)."""
     buf, e, comm = _push_shard(dev, ops, plan)
     dev.gather_gemm(
-        ops.a, buf, ops.b, ops.out, epoch=e, num_sms=plan.gemm_sms, site="fused_ag.arrived", scales=ops.scales
+        ops.a, buf, ops.b, ops.out, epoch=e, gemm_sms=plan.gemm_sms, site="fused_ag.arrived", scales=ops.scales
     )
     _keep_gathered(dev, ops, buf)
     _finish(dev, comm, buf, e)
@@ -520,7 +534,7 @@ def _fused_ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
     copy engine pushes each of their segments to its owner as soon as the kernel has counted it done."""
     g, p, r = ops.gemm, dev.tp, dev.rank
     tiling = ring_gemm.scatter_plan(
-        ops.rows, g.n, g.k, chunks=p, dtype=ops.a.dtype, device=ops.a.device, num_sms=plan.gemm_sms
+        ops.rows, g.n, g.k, chunks=p, dtype=ops.a.dtype, device=ops.a.device, gemm_sms=plan.gemm_sms
     )
     lanes = ring_gemm.max_segments(ops.rows)
     box = ops.peer_buffer(dev, "scattered_peer", (p, ops.rows, g.n), ops.out.dtype, lanes=lanes)

@@ -10,7 +10,8 @@ persistent launch over every chunk's tiles has a single tail, and the chunk orde
   `symmetric`), then reads it.  The local shard is read in place, never copied into the gathered buffer.
 - `scatter_matmul` (reduce-scatter slots): ``out = reduce_scatter(a @ b)``, our chunk.  The tiles of every
   other owner's chunk come first, stored into a local staging buffer and counted per segment (a block of
-  tiles that the tile order finishes together, `Segment`; a release atomic); the copy engine, stalled on
+  tiles that the tile order finishes together, `Segment`; a release atomic, one tile late so that the stores
+  have landed); the copy engine, stalled on
   each segment's count by a stream wait, pushes the segment into the owner's receive slot and raises the
   owner's flag for it.  Our own chunk comes last and its epilogue adds the partials received, each
   segment once its flags arrived: no separate reduction kernel, and the partials travel segment by
@@ -106,7 +107,7 @@ def _gather_matmul_kernel(
     for step in range(1, CHUNKS):
         src = (rank + CHUNKS - step) % CHUNKS
         lo = step * chunk_tiles
-        if _first_tile(pid, lo, C.NUM_SMS) < tl.minimum(lo + chunk_tiles, whole_tiles):  # a tile of this chunk
+        if _first_tile(pid, lo, C.GEMM_SMS) < tl.minimum(lo + chunk_tiles, whole_tiles):  # a tile of this chunk
             wait_at_least(ready_ptr + src, epoch)
         _gathered_rounds(
             ring, b, c, scales, src, src, lo, whole_tiles, pid, steps, grid, dims, stride_a, stride_b, stride_c, C
@@ -117,7 +118,7 @@ def _gather_matmul_kernel(
         if pid < tail[0] * tail[1]:
             t, ks = gemm.tail_part(pid, tail, dims[2], C.BLOCK_K)
             tile = whole_tiles + t
-            arrived = _last_step(pid, whole_tiles, chunk_tiles, C.NUM_SMS)
+            arrived = _last_step(pid, whole_tiles, chunk_tiles, C.GEMM_SMS)
             acc, src, off = _gathered_tile(
                 a, ring, b, scales, ready_ptr, tile, ks, arrived, grid, dims, stride_a, stride_b, rank, epoch, C, CHUNKS
             )
@@ -127,15 +128,15 @@ def _gather_matmul_kernel(
 
 
 @triton.jit
-def _first_tile(pid, lo, NUM_SMS: tl.constexpr):
-    """Program ``pid``'s first tile at or after tile ``lo`` of the persistent loop (tiles pid, pid + NUM_SMS, ...)."""
-    return pid + (tl.maximum(lo - pid, 0) + NUM_SMS - 1) // NUM_SMS * NUM_SMS
+def _first_tile(pid, lo, GEMM_SMS: tl.constexpr):
+    """Program ``pid``'s first tile at or after tile ``lo`` of the persistent loop (tiles pid, pid + GEMM_SMS, ...)."""
+    return pid + (tl.maximum(lo - pid, 0) + GEMM_SMS - 1) // GEMM_SMS * GEMM_SMS
 
 
 @triton.jit
-def _last_step(pid, whole_tiles, chunk_tiles, NUM_SMS: tl.constexpr):
+def _last_step(pid, whole_tiles, chunk_tiles, GEMM_SMS: tl.constexpr):
     """The ring step of program ``pid``'s last whole tile (0 when it has none): the last chunk it waited for."""
-    last = pid + (whole_tiles - 1 - pid) // NUM_SMS * NUM_SMS
+    last = pid + (whole_tiles - 1 - pid) // GEMM_SMS * GEMM_SMS
     return tl.where(pid < whole_tiles, last // chunk_tiles, 0)
 
 
@@ -161,7 +162,7 @@ def _gathered_rounds(
     """This program's whole tiles of the chunk whose tiles start at ``lo`` (numbered over all chunks): chunk
     ``chunk`` of ``rows`` (a's only one, or the ring's chunk src) times b, into out's chunk ``src``."""
     hi = tl.minimum(lo + grid[0] * grid[1], whole_tiles)
-    for tile in tl.range(_first_tile(pid, lo, C.NUM_SMS), hi, C.NUM_SMS, flatten=C.TMA):
+    for tile in tl.range(_first_tile(pid, lo, C.GEMM_SMS), hi, C.GEMM_SMS, flatten=C.TMA):
         pid_m, pid_n = gemm.tile_position(tile - lo, grid, C.GROUP_M)
         base, row0 = _chunk_rows(rows, chunk, pid_m * C.BLOCK_M, dims[0], stride_a[0], C.TMA)
         acc = gemm.partial_product(base, b, (row0, pid_n * C.BLOCK_N), (0, steps), dims, stride_a, stride_b, scales, C)
@@ -240,13 +241,21 @@ def _scatter_matmul_kernel(
     # flattened loops of the other owners' tiles alone pay (2026-12-02): the barrier between a staged tile's
     # stores and its count took them to 1.9-3.2x torch._scaled_mm's time at FP8, and without it the count
     # would not release what all threads stored.
-    for tile in tl.range(pid, whole_tiles, C.NUM_SMS):
+    # A staged tile's count is released at the end of this program's next tile (`_finish_scattered`): its
+    # stores then had a whole K loop to land, so the release no longer waits for them.  One H200, flags preset
+    # (2026-12-03): proj_fprop 1.264x -> 1.234x cuBLAS's time at h2048 s8192 BF16, 1.356x -> 1.325x at FP8.
+    # Asking L2 for the received partials before a tile's K loop (prefetch.global.L2) made them 0.5-1% slower.
+    pending = -1  # the count of this program's staged tile not yet released (-1: none)
+    for tile in tl.range(pid, whole_tiles, C.GEMM_SMS):
         step, pid_m, pid_n = _ring_tile(tile, grid, C.GROUP_M)
         acc = _owner_tile(a, b, scales, step, pid_m, pid_n, (0, steps), dims, stride_a, stride_b, rank, C, CHUNKS)
-        arrived = _finish_scattered(
-            c, exchange, recv_tiles, acc, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments, C, CHUNKS,
-            RECV_TMA,
+        arrived, pending = _finish_scattered(
+            c, exchange, recv_tiles, acc, step, pid_m, pid_n, arrived, pending, dims, stride_c, rank, epoch, segments,
+            C, CHUNKS, RECV_TMA,
         )  # fmt: skip
+    if pending >= 0:
+        _release(exchange[1], pending)
+        pending = -1
     # our own chunk's part-empty last round, cut along K as `gemm.split_tail` does; a compile-time
     # `if` of its own, so that kernels without a split tail do not even compile it
     if C.SPLIT_TAIL:  # noqa: SIM102
@@ -256,10 +265,12 @@ def _scatter_matmul_kernel(
             acc = _owner_tile(a, b, scales, step, pid_m, pid_n, ks, dims, stride_a, stride_b, rank, C, CHUNKS)
             last, total = gemm.add_parts(scratch, tail, acc, pid, t, C)
             if last:
-                _finish_scattered(
-                    c, exchange, recv_tiles, total, step, pid_m, pid_n, arrived, dims, stride_c, rank, epoch, segments,
-                    C, CHUNKS, RECV_TMA,
+                arrived, pending = _finish_scattered(
+                    c, exchange, recv_tiles, total, step, pid_m, pid_n, arrived, pending, dims, stride_c, rank, epoch,
+                    segments, C, CHUNKS, RECV_TMA,
                 )  # fmt: skip
+                if pending >= 0:  # a tile of another owner's chunk (the tail can reach into it)
+                    _release(exchange[1], pending)
 
 
 @triton.jit
@@ -273,6 +284,33 @@ def _owner_tile(
 
 
 @triton.jit
+def _segment_tile(pid_m, pid_n, dims, segments, C: tl.constexpr):
+    """Where tile (pid_m, pid_n) of a chunk lies in its segment: (seg, seg_count, seg_base, (seg_rows,
+    seg_cols), off) = the segment's number, the chunk's segments, its first element in a partial, its shape
+    and the tile's (row, column) offsets in it (see `_finish_scattered`)."""
+    col_tiles = segments[1]
+    R, N, _ = dims
+    num_pid_m = (R + C.BLOCK_M - 1) // C.BLOCK_M
+    num_pid_n = (N + C.BLOCK_N - 1) // C.BLOCK_N
+    col_groups = (num_pid_n + col_tiles - 1) // col_tiles
+    seg_count = (num_pid_m + C.GROUP_M - 1) // C.GROUP_M * col_groups
+    seg = pid_m // C.GROUP_M * col_groups + pid_n // col_tiles
+    row0 = pid_m // C.GROUP_M * (C.GROUP_M * C.BLOCK_M)
+    col0 = pid_n // col_tiles * (col_tiles * C.BLOCK_N)
+    seg_rows = tl.minimum(C.GROUP_M * C.BLOCK_M, R - row0)
+    seg_cols = tl.minimum(col_tiles * C.BLOCK_N, N - col0)
+    off = (pid_m * C.BLOCK_M - row0, pid_n * C.BLOCK_N - col0)
+    return seg, seg_count, row0 * N + seg_rows * col0, (seg_rows, seg_cols), off
+
+
+@triton.jit
+def _release(counts_ptr, index):
+    """Count one more finished tile at ``counts[index]``, releasing what every thread stored before."""
+    tl.debug_barrier()  # the whole tile is stored before the count releases it to the copy engine
+    tl.atomic_add(counts_ptr + index, 1, sem="release", scope="gpu")
+
+
+@triton.jit
 def _finish_scattered(
     c,
     exchange,
@@ -282,6 +320,7 @@ def _finish_scattered(
     pid_m,
     pid_n,
     arrived,
+    pending,
     dims,
     stride_c,
     rank,
@@ -293,7 +332,8 @@ def _finish_scattered(
 ):
     """Hand a finished tile ``acc`` of ring step ``step`` on: another owner's partial is staged and counted
     for the copy engine; a tile of our own chunk gets the partials received for its segment added and is
-    stored.  Returns the last segment whose flags this program has seen (``arrived``, updated).
+    stored.  Returns (arrived, pending): the last segment whose flags this program has seen, and the count
+    of a staged tile not yet released (-1: none).
 
     ``exchange`` = (parts, counts, recv, ready) as `scatter_matmul` takes them, ``segments`` = (lanes,
     col_tiles).  Segments (`Segment`) are GROUP_M tile rows by ``col_tiles`` tile columns, numbered in the
@@ -304,25 +344,17 @@ def _finish_scattered(
     ``recv``.
     """
     parts_ptr, counts_ptr, recv_ptr, ready_ptr = exchange
-    lanes, col_tiles = segments
+    lanes = segments[0]
     R, N, _ = dims
-    num_pid_m = (R + C.BLOCK_M - 1) // C.BLOCK_M
-    num_pid_n = (N + C.BLOCK_N - 1) // C.BLOCK_N
-    col_groups = (num_pid_n + col_tiles - 1) // col_tiles
-    seg_count = (num_pid_m + C.GROUP_M - 1) // C.GROUP_M * col_groups
-    seg = pid_m // C.GROUP_M * col_groups + pid_n // col_tiles
-    row0 = pid_m // C.GROUP_M * (C.GROUP_M * C.BLOCK_M)
-    col0 = pid_n // col_tiles * (col_tiles * C.BLOCK_N)
-    seg_rows = tl.minimum(C.GROUP_M * C.BLOCK_M, R - row0)
-    seg_cols = tl.minimum(col_tiles * C.BLOCK_N, N - col0)
-    seg_base = row0 * N + seg_rows * col0
-    off = (pid_m * C.BLOCK_M - row0, pid_n * C.BLOCK_N - col0)  # within the segment
+    seg, seg_count, seg_base, seg_shape, off = _segment_tile(pid_m, pid_n, dims, segments, C)
+    if pending >= 0:  # before any wait below: a peer's wait may be for this very count
+        _release(counts_ptr, pending)
+        pending = -1
     if step < CHUNKS - 1:
-        # A pointer store, not TMA's asynchronous one: the count below must release finished data.
+        # A pointer store, not TMA's asynchronous one: the count must release finished data.
         staged = parts_ptr + step * R * N + seg_base
-        gemm.store_tile(staged, off, (seg_rows, seg_cols), (seg_cols, 1), acc, C, False)
-        tl.debug_barrier()  # the whole tile is stored before the count releases it to the copy engine
-        tl.atomic_add(counts_ptr + step * seg_count + seg, 1, sem="release", scope="gpu")
+        gemm.store_tile(staged, off, seg_shape, (seg_shape[1], 1), acc, C, False)
+        pending = step * seg_count + seg
     else:
         if seg > arrived:  # tiles only move forward, so one wait per segment and program
             for d in tl.static_range(1, CHUNKS):
@@ -335,11 +367,11 @@ def _finish_scattered(
             if RECV_TMA:
                 part = recv_tiles.load([src * seg_count + seg, off[0], off[1]]).reshape(C.BLOCK_M, C.BLOCK_N)
             else:
-                part_ptrs = recv_ptr + src * R * N + seg_base + offs_m[:, None] * seg_cols + offs_n[None, :]
-                part = gemm.load_block(part_ptrs, offs_m < seg_rows, offs_n < seg_cols, C.EVEN_M, C.EVEN_N)
+                part_ptrs = recv_ptr + src * R * N + seg_base + offs_m[:, None] * seg_shape[1] + offs_n[None, :]
+                part = gemm.load_block(part_ptrs, offs_m < seg_shape[0], offs_n < seg_shape[1], C.EVEN_M, C.EVEN_N)
             acc += part.to(tl.float32)
         gemm.store_tile(c, (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N), (R, N), stride_c, acc, C, C.TMA)
-    return arrived
+    return arrived, pending
 
 
 def gather_matmul(
@@ -351,7 +383,7 @@ def gather_matmul(
     ready: torch.Tensor,
     epoch: int,
     rank: int,
-    num_sms: int | None = None,
+    gemm_sms: int | None = None,
     config: gemm.GemmTileConfig | None = None,
     tma: bool = True,
     scale_a: torch.Tensor | None = None,
@@ -376,7 +408,7 @@ def gather_matmul(
         b=b,
         out=out,
         chunks=chunks,
-        num_sms=num_sms,
+        gemm_sms=gemm_sms,
         config=config,
         tma=tma,
         scales=scales,
@@ -425,16 +457,40 @@ class ScatterPlan:
     """How one `scatter_matmul` call tiles a chunk: what the copy engine's waits need before the launch."""
 
     config: gemm.GemmTileConfig
-    num_sms: int
+    gemm_sms: int
     col_tiles: int
     """Tile columns per segment (the last one may have fewer)."""
     segments: tuple[Segment, ...]
 
 
-def ring_config(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, num_sms: int) -> gemm.GemmTileConfig:
-    """The tile config of a ring kernel over ``chunks`` chunks of ``rows`` x ``n`` (depth ``k``) on ``num_sms``
+def ring_config(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, gemm_sms: int) -> gemm.GemmTileConfig:
+    """The tile config of a ring kernel over ``chunks`` chunks of ``rows`` x ``n`` (depth ``k``) on ``gemm_sms``
     programs when the caller gives none: `gemm.choose_config` of the whole problem, told its chunks."""
-    return gemm.choose_config(chunks * rows, n, k, dtype, num_sms, chunks=chunks)
+    return gemm.choose_config(chunks * rows, n, k, dtype, gemm_sms, chunks=chunks)
+
+
+PLAIN_BELOW = 0.87
+"""`gemm.balance` under which a fused all-gather falls back to the plain ring (`fused_pays`)."""
+
+
+def fused_pays(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, gemm_sms: int) -> bool:
+    """Whether a fused all-gather over ``chunks`` chunks of ``rows`` x ``n`` (depth ``k``) on ``gemm_sms`` SMs
+    should run `gather_matmul`, rather than the plain ring: the library GEMM per chunk as each one arrives.
+
+    The kernel costs our GEMM's time plus 1-3%, so it loses where our GEMM loses to the library: where its tiles
+    leave many SMs idle (`gemm.balance` below `PLAIN_BELOW`).  One H200, flags preset (`bench/ring_bench.py`,
+    2026-12-03): at FP8 the plain ring took 1.01x cuBLAS's time where the kernel took 1.12x on h5120 s2048
+    fc1_fprop and fc2_dgrad (balance 0.86), 1.13x against 1.17x on proj_dgrad (0.74); at balance 0.89-0.91
+    the two were within 2-5% either way (BF16 h5120 fc1_fprop: plain 1.14x, kernel 1.06x), so they stay fused.
+    A problem of less than one round of tiles stays fused too (tests, latency-bound sizes).
+
+    A reduce-scatter always stays fused: its plain ring adds a pass over the partials, and measured 1.00-1.55x
+    cuBLAS's time where the kernel took 1.00-1.39x (faster only on two h5120 s2048 cases, by 4-6%)."""
+    m = chunks * rows
+    large = gemm.for_dtype(gemm.LARGE, dtype)
+    if triton.cdiv(m, large.block_m) * triton.cdiv(n, large.block_n) < gemm_sms:
+        return True
+    return gemm.balance(m, n, k, dtype, gemm_sms) >= PLAIN_BELOW
 
 
 def max_segments(rows: int) -> int:
@@ -451,7 +507,7 @@ def scatter_plan(
     chunks: int,
     dtype: torch.dtype,
     device: torch.device,
-    num_sms: int | None,
+    gemm_sms: int | None,
     config: gemm.GemmTileConfig | None = None,
     col_groups: int | None = None,
 ) -> ScatterPlan:
@@ -459,8 +515,8 @@ def scatter_plan(
     of ``rows`` x ``n`` (depth ``k``, ``dtype`` operands, partials in its `gemm.out_dtype`): each row group of the tile order (``group_m`` tile rows) is cut into
     ``col_groups`` column groups (None: segments of about `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and at
     least `PUSH_FLOPS` of the launch's work each)."""
-    sms = gemm.resolve_num_sms(device, num_sms)
-    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=dtype, num_sms=sms)
+    gemm_sms = gemm.resolve_gemm_sms(device, gemm_sms)
+    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms)
     tiles_n = triton.cdiv(n, cfg.block_n)
     span = cfg.block_m * cfg.group_m
     row_groups = triton.cdiv(rows, span)
@@ -480,7 +536,7 @@ def scatter_plan(
             offset = row_start * n + (row_stop - row_start) * col_start
             segments.append(Segment(row_start=row_start, row_stop=row_stop, col_start=col_start, col_stop=col_stop,
                                     tiles=tiles, offset=offset))  # fmt: skip
-    return ScatterPlan(config=cfg, num_sms=sms, col_tiles=col_tiles, segments=tuple(segments))
+    return ScatterPlan(config=cfg, gemm_sms=gemm_sms, col_tiles=col_tiles, segments=tuple(segments))
 
 
 def scatter_matmul(
@@ -527,7 +583,7 @@ def scatter_matmul(
         b=b,
         out=out,
         chunks=chunks,
-        num_sms=plan.num_sms,
+        gemm_sms=plan.gemm_sms,
         config=plan.config,
         tma=tma,
         scales=scales,
@@ -568,7 +624,7 @@ def _launch(
     b: torch.Tensor,
     out: torch.Tensor,
     chunks: int,
-    num_sms: int | None,
+    gemm_sms: int | None,
     config: gemm.GemmTileConfig | None,
     tma: bool,
     rank: int,
@@ -583,8 +639,8 @@ def _launch(
     if not 0 <= rank < chunks:
         raise InputError("rank", f"must be between 0 and {chunks - 1}", rank)
     gemm.check_launchable(a)
-    sms = gemm.resolve_num_sms(a.device, num_sms)
-    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=a.dtype, num_sms=sms)
+    gemm_sms = gemm.resolve_gemm_sms(a.device, gemm_sms)
+    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=a.dtype, gemm_sms=gemm_sms)
     gemm.launch(
         kernel,
         tiled,
@@ -592,7 +648,7 @@ def _launch(
         b=b,
         out=out,
         cfg=cfg,
-        sms=sms,
+        gemm_sms=gemm_sms,
         tma=tma and rows % cfg.block_m == 0,
         chunks=chunks,
         rank=rank,

@@ -121,7 +121,7 @@ def reduce_late(flag_kernels: ModuleType, peer: Peer, device: str, *, sources: i
 
 
 def gather_late(ring_gemm: ModuleType, peer: Peer, device: str, *, chunks: int, rank: int,
-                shape: tuple[int, int, int], config: object, num_sms: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                shape: tuple[int, int, int], config: object, gemm_sms: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """`gather_matmul` with every peer chunk and its ready flag written by the peer after the launch: (out,
     float64 reference)."""
     rows, n, k = shape
@@ -141,13 +141,13 @@ def gather_late(ring_gemm: ModuleType, peer: Peer, device: str, *, chunks: int, 
     peer.later(writes)
     out = torch.full((chunks * rows, n), float("nan"), dtype=dtype, device=device)
     local = full[rank * rows : (rank + 1) * rows].clone()
-    ring_gemm.gather_matmul(local, ring, b, out, ready=ready, epoch=epoch, rank=rank, num_sms=num_sms, config=config)
+    ring_gemm.gather_matmul(local, ring, b, out, ready=ready, epoch=epoch, rank=rank, gemm_sms=gemm_sms, config=config)
     peer.join()
     return out, full.double() @ b.double()
 
 
 def scatter_late(ring_gemm: ModuleType, peer: Peer, device: str, *, chunks: int, rank: int,
-                 shape: tuple[int, int, int], config: object, num_sms: int,
+                 shape: tuple[int, int, int], config: object, gemm_sms: int,
                  col_groups: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """`scatter_matmul` with every other rank's partial written by the peer segment by segment, each
     segment's flag after it: (out, float64 reference)."""
@@ -155,7 +155,7 @@ def scatter_late(ring_gemm: ModuleType, peer: Peer, device: str, *, chunks: int,
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     a = _rand(chunks * rows, k, seed=6, device=device).to(dtype)
     b = _rand(k, n, seed=7, device=device).to(dtype)
-    plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=a.device, num_sms=num_sms,
+    plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=a.device, gemm_sms=gemm_sms,
                                   config=config, col_groups=col_groups)  # fmt: skip
     lanes = len(plan.segments)
     sent = _rand(chunks, rows, n, seed=8, device=device).to(dtype)  # each source's partial, segment layout

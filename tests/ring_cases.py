@@ -65,7 +65,7 @@ def run_gather(
     *,
     tma: bool,
     config: object,
-    num_sms: int | None,
+    gemm_sms: int | None,
     device: str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`gather_matmul` of chunks of ``shape`` = (rows, n, k) with every peer chunk arrived: (out, reference)."""
@@ -89,7 +89,7 @@ def run_gather(
         ready=ready,
         epoch=epoch,
         rank=rank,
-        num_sms=num_sms,
+        gemm_sms=gemm_sms,
         config=config,
         tma=tma,
         **scales(dtype, device),
@@ -107,7 +107,7 @@ def run_scatter(
     *,
     tma: bool,
     config: object,
-    num_sms: int | None,
+    gemm_sms: int | None,
     device: str = "cpu",
     col_groups: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +119,7 @@ def run_scatter(
     b = weight(k, n, dtype=dtype, seed=9, device=device)  # below a's seeds (see run_gather)
     partial_dtype = out_dtype(dtype)
     epoch = 3
-    plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=a.device, num_sms=num_sms,
+    plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=a.device, gemm_sms=gemm_sms,
                                   config=config, col_groups=col_groups)  # fmt: skip
     segments = len(plan.segments)
     lanes = segments + 1

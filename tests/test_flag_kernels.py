@@ -78,7 +78,7 @@ def test_reduce_waits_for_each_source_that_arrives_after_the_launch() -> None:
 def test_gather_waits_for_each_peer_chunk_that_arrives_after_the_launch(chunks: int, rank: int) -> None:
     out, want = _late(
         lambda peer: gather_late(
-            ring_gemm, peer, "cpu", chunks=chunks, rank=rank, shape=(32, 64, 16), config=TILES, num_sms=2
+            ring_gemm, peer, "cpu", chunks=chunks, rank=rank, shape=(32, 64, 16), config=TILES, gemm_sms=2
         )
     )
     assert rel_err(out, want) <= REL_TOL[torch.float32]
@@ -89,7 +89,7 @@ def test_scatter_waits_for_each_segment_that_arrives_after_the_launch(chunks: in
     # 64 rows of 32-row tiles (group_m 1: two row groups) by one tile column: two segments per partial
     out, want = _late(
         lambda peer: scatter_late(
-            ring_gemm, peer, "cpu", chunks=chunks, rank=rank, shape=(64, 64, 16), config=TILES, num_sms=2, col_groups=1
+            ring_gemm, peer, "cpu", chunks=chunks, rank=rank, shape=(64, 64, 16), config=TILES, gemm_sms=2, col_groups=1
         )
     )
     assert rel_err(out, want) <= REL_TOL[torch.float32]
@@ -112,10 +112,10 @@ assert rel_err(out, want) <= 1e-5, "reduce"
 # few programs, so the second stream's copies find free SMs beside the spinning ones
 for chunks, rank in ((2, 0), (4, 1)):
     out, want = gather_late(ring_gemm, StreamPeer(0.2), "cuda", chunks=chunks, rank=rank, shape=(256, 512, 256),
-                            config=None, num_sms=4)
+                            config=None, gemm_sms=4)
     assert rel_err(out, want) <= 1e-2, ("gather", chunks, rank)
     out, want = scatter_late(ring_gemm, StreamPeer(0.2), "cuda", chunks=chunks, rank=rank, shape=(256, 512, 256),
-                             config=None, num_sms=4, col_groups=2)
+                             config=None, gemm_sms=4, col_groups=2)
     assert rel_err(out, want) <= 1e-2, ("scatter", chunks, rank)
 print("late flags ok")
 """

@@ -37,12 +37,12 @@ def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.double() @ b.double()
 
 
-@pytest.mark.parametrize("num_sms", [1, 2, 3, None])
+@pytest.mark.parametrize("gemm_sms", [1, 2, 3, None])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_matches_float64_on_odd_shapes(shape: tuple[int, int, int], dtype: torch.dtype, num_sms: int | None) -> None:
+def test_matches_float64_on_odd_shapes(shape: tuple[int, int, int], dtype: torch.dtype, gemm_sms: int | None) -> None:
     a, b = _operands(*shape, dtype)
-    out = gemm.matmul(a, b, num_sms=num_sms)
+    out = gemm.matmul(a, b, gemm_sms=gemm_sms)
     assert out.shape == (shape[0], shape[1]) and out.dtype == dtype
     assert _rel_err(out, _reference(a, b)) <= REL_TOL[dtype]
 
@@ -60,7 +60,7 @@ def test_strided_views_in_and_out_leave_the_rest_of_the_buffer_untouched(dtype: 
         ref = _reference(a, b)
         buf = torch.full((m + 2, 300), float("nan"), dtype=dtype)  # poison
         out = buf[1 : 1 + m, 128 : 128 + n]
-        result = gemm.matmul(a, b, out, num_sms=3)
+        result = gemm.matmul(a, b, out, gemm_sms=3)
         assert result is out
         assert _rel_err(out, ref) <= REL_TOL[dtype]
         written = torch.zeros_like(buf, dtype=torch.bool)
@@ -68,7 +68,7 @@ def test_strided_views_in_and_out_leave_the_rest_of_the_buffer_untouched(dtype: 
         assert buf[~written].isnan().all(), "matmul wrote outside out's view"
 
         out_t = torch.full((n, m), float("nan"), dtype=dtype).t()  # column-major out
-        gemm.matmul(a, b, out_t, num_sms=2)
+        gemm.matmul(a, b, out_t, gemm_sms=2)
         assert _rel_err(out_t, ref) <= REL_TOL[dtype]
 
 
@@ -88,7 +88,7 @@ def test_strided_views_in_and_out_leave_the_rest_of_the_buffer_untouched(dtype: 
 def test_explicit_tile_configs_handle_ragged_edges(config: GemmTileConfig, dtype: torch.dtype) -> None:
     # 130 x 257 x 65: no dimension is a multiple of any block, every edge tile is ragged.
     a, b = _operands(130, 257, 65, dtype, seed=2)
-    out = gemm.matmul(a, b, num_sms=3, config=config)
+    out = gemm.matmul(a, b, gemm_sms=3, config=config)
     assert _rel_err(out, _reference(a, b)) <= REL_TOL[dtype]
 
 
@@ -104,7 +104,7 @@ def test_mask_free_paths_for_dims_that_are_multiples_of_the_block(m: int, n: int
     a, b = _operands(m, n, k, dtype, seed=6)
     buf = torch.full((m, n + 64), float("nan"), dtype=dtype)
     out = buf[:, 32 : 32 + n]
-    gemm.matmul(a, b, out, num_sms=3, config=cfg)
+    gemm.matmul(a, b, out, gemm_sms=3, config=cfg)
     assert _rel_err(out, _reference(a, b)) <= REL_TOL[dtype]
     assert buf[:, :32].isnan().all() and buf[:, 32 + n :].isnan().all()
 
@@ -121,27 +121,27 @@ def test_tma_and_pointer_loads_agree_where_descriptors_can_address_the_operands(
     ref = _reference(a, b)
     for tma in (True, False):
         out.fill_(float("nan"))
-        gemm.matmul(a, b, out, num_sms=3, config=cfg, tma=tma)
+        gemm.matmul(a, b, out, gemm_sms=3, config=cfg, tma=tma)
         assert _rel_err(out, ref) <= REL_TOL[dtype], tma
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
-    ("m", "n", "k", "num_sms", "splits"),
+    ("m", "n", "k", "gemm_sms", "splits"),
     [(48, 48, 256, 8, 2), (16, 16, 512, 4, 4), (48, 80, 130, 4, 0), (48, 32, 512, 3, 0)],
     ids=["9-tiles-on-8", "1-tile-on-4", "k-too-short", "full-rounds"],
 )
 def test_split_tail_adds_the_k_parts_of_the_last_round_in_a_fixed_order(
-    m: int, n: int, k: int, num_sms: int, splits: int, dtype: torch.dtype
+    m: int, n: int, k: int, gemm_sms: int, splits: int, dtype: torch.dtype
 ) -> None:
     cfg = GemmTileConfig(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1, group_m=2, split_tail=True)
     tiles = -(-m // 16) * -(-n // 16)
-    assert gemm.tail_splits(tiles, num_sms, -(-k // 16)) == splits
+    assert gemm.tail_splits(tiles, gemm_sms, -(-k // 16)) == splits
     a, b = _operands(m, n, k, dtype, seed=9)
-    out = gemm.matmul(a, b, num_sms=num_sms, config=cfg)
+    out = gemm.matmul(a, b, gemm_sms=gemm_sms, config=cfg)
     assert _rel_err(out, _reference(a, b)) <= REL_TOL[dtype]
     # the tile counters reset themselves: a second call on the same inputs gives the same bits
-    assert torch.equal(gemm.matmul(a, b, num_sms=num_sms, config=cfg), out)
+    assert torch.equal(gemm.matmul(a, b, gemm_sms=gemm_sms, config=cfg), out)
 
 
 def test_tail_splits_uses_the_idle_programs_up_to_the_cap() -> None:
@@ -166,13 +166,13 @@ def test_more_sms_than_tiles_and_one_sm_for_many_tiles() -> None:
     a, b = _operands(40, 40, 20, torch.float32, seed=3)
     tiny = GemmTileConfig(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1, group_m=2)
     ref = _reference(a, b)
-    for num_sms in (1, 7, 64):  # 9 tiles: 9 per program, some programs with 2, one program per tile
-        assert _rel_err(gemm.matmul(a, b, num_sms=num_sms, config=tiny), ref) <= 1e-5
+    for gemm_sms in (1, 7, 64):  # 9 tiles: 9 per program, some programs with 2, one program per tile
+        assert _rel_err(gemm.matmul(a, b, gemm_sms=gemm_sms, config=tiny), ref) <= 1e-5
 
 
 def test_fp16_matches() -> None:
     a, b = _operands(33, 70, 40, torch.float16, seed=4)
-    assert _rel_err(gemm.matmul(a, b, num_sms=2), _reference(a, b)) <= 1e-2
+    assert _rel_err(gemm.matmul(a, b, gemm_sms=2), _reference(a, b)) <= 1e-2
 
 
 def test_empty_dims_return_without_launch_and_k0_gives_zeros() -> None:
@@ -190,15 +190,15 @@ def _fp8(m: int, n: int, k: int, seed: int, *, column_major: bool = True) -> tup
 
 
 @pytest.mark.parametrize("layout", ["column-major-b", "row-major-b"])
-@pytest.mark.parametrize("num_sms", [1, 3, None])
+@pytest.mark.parametrize("gemm_sms", [1, 3, None])
 @pytest.mark.parametrize("shape", [*ODD_SHAPES, (64, 96, 128)], ids=lambda s: "x".join(map(str, s)))
 def test_fp8_matches_the_dequantized_reference_and_writes_bf16(
-    shape: tuple[int, int, int], num_sms: int | None, layout: str
+    shape: tuple[int, int, int], gemm_sms: int | None, layout: str
 ) -> None:
     """Triton's interpreter (3.6 and 3.9) runs FP8 (float8e4nv) loads and dots: the FP8 kernel runs here in
     full, TMA included (64x96x128: 16-byte rows; the odd shapes take pointer loads)."""
     a, b = _fp8(*shape, seed=11, column_major=layout == "column-major-b")
-    out = gemm.matmul(a, b, num_sms=num_sms, **scales(FP8, "cpu"))
+    out = gemm.matmul(a, b, gemm_sms=gemm_sms, **scales(FP8, "cpu"))
     assert out.shape == (shape[0], shape[1]) and out.dtype == torch.bfloat16
     assert _rel_err(out, product(a, b)) <= REL_TOL[FP8]
 
@@ -213,7 +213,7 @@ def test_fp8_tma_reads_a_column_major_b_through_its_transpose() -> None:
     assert not gemm._b_kmajor(b.contiguous()) and not gemm._b_kmajor(b.bfloat16())  # bf16 keeps its loads
     for tma in (True, False):
         out.fill_(float("nan"))
-        gemm.matmul(a, b, out, num_sms=3, config=cfg, tma=tma, **scales(FP8, "cpu"))
+        gemm.matmul(a, b, out, gemm_sms=3, config=cfg, tma=tma, **scales(FP8, "cpu"))
         assert _rel_err(out, product(a, b)) <= REL_TOL[FP8], tma
 
 
@@ -221,9 +221,9 @@ def test_fp8_split_tail_scales_each_k_part_before_adding_them() -> None:
     cfg = GemmTileConfig(block_m=16, block_n=16, block_k=32, num_warps=1, num_stages=1, group_m=2, split_tail=True)
     a, b = _fp8(48, 48, 512, seed=13)
     assert gemm.tail_splits(9, 8, 16) == 2  # 9 tiles on 8 programs: the ninth in two K parts
-    out = gemm.matmul(a, b, num_sms=8, config=cfg, **scales(FP8, "cpu"))
+    out = gemm.matmul(a, b, gemm_sms=8, config=cfg, **scales(FP8, "cpu"))
     assert _rel_err(out, product(a, b)) <= REL_TOL[FP8]
-    assert torch.equal(gemm.matmul(a, b, num_sms=8, config=cfg, **scales(FP8, "cpu")), out)
+    assert torch.equal(gemm.matmul(a, b, gemm_sms=8, config=cfg, **scales(FP8, "cpu")), out)
 
 
 def test_fp8_tiles_step_128_deep_in_the_same_shared_memory_as_bf16() -> None:
@@ -265,12 +265,12 @@ def _bad_calls() -> list[tuple[str, object]]:
         ("out", lambda: gemm.matmul(f32, b, torch.empty(4, 5, dtype=torch.bfloat16))),
         ("out", lambda: gemm.matmul(f32, b, torch.empty(4, 5, device="meta"))),
         ("out", lambda: gemm.matmul(f32, b, torch.empty(1, 5).expand(4, 5))),
-        ("num_sms", lambda: gemm.matmul(f32, b, num_sms=0)),
-        ("num_sms", lambda: gemm.matmul(f32, b, num_sms=2.0)),
-        ("num_sms", lambda: gemm.matmul(f32, b, num_sms=True)),
+        ("gemm_sms", lambda: gemm.matmul(f32, b, gemm_sms=0)),
+        ("gemm_sms", lambda: gemm.matmul(f32, b, gemm_sms=2.0)),
+        ("gemm_sms", lambda: gemm.matmul(f32, b, gemm_sms=True)),
         ("config", lambda: gemm.matmul(f32, b, config=(128, 256, 64))),
         ("a", lambda: gemm.matmul(torch.empty(2**20, 2**12, device="meta"), torch.empty(2**12, 16, device="meta"))),
-        ("num_sms", lambda: gemm.cublas_matmul(f32, b, num_sms=4)),
+        ("gemm_sms", lambda: gemm.cublas_matmul(f32, b, gemm_sms=4)),
         ("b", lambda: gemm.cublas_matmul(f32, torch.ones(4, 5))),
         ("out", lambda: gemm.cublas_matmul(f32, b, torch.empty(5, 4))),
         *_bad_fp8_calls(),
@@ -380,28 +380,28 @@ tol = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-5}
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
     for m, n, k in [(67, 45, 33), (130, 257, 65), (1, 100, 17), (1000, 1000, 1000), (256, 512, 128)]:
         for i, (a, b) in enumerate(views(m, n, k, dtype)):
-            for num_sms in (3, None) if i == 0 else (None,):
+            for gemm_sms in (3, None) if i == 0 else (None,):
                 buf = torch.full((m + 2, n + 260), float("nan"), device=dev, dtype=dtype)
                 out = buf[1 : 1 + m, 128 : 128 + n]
-                gemm.matmul(a, b, out, num_sms=num_sms)
+                gemm.matmul(a, b, out, gemm_sms=gemm_sms)
                 torch.cuda.synchronize()
                 err = rel(out, a, b)
-                assert err <= tol[dtype], (dtype, m, n, k, a.stride(), b.stride(), num_sms, err)
+                assert err <= tol[dtype], (dtype, m, n, k, a.stride(), b.stride(), gemm_sms, err)
                 out.fill_(float("nan"))
                 assert buf.isnan().all(), ("wrote outside out", dtype, m, n, k)
 for base in (gemm.LARGE, gemm.GemmTileConfig(block_m=256, block_n=128, num_warps=8), gemm.MEDIUM, gemm.SMALL, gemm.GemmTileConfig(block_m=16, block_n=32, block_k=16, num_warps=1, num_stages=2, group_m=2)):
     for cfg in (base, dataclasses.replace(base, split_tail=True)):
         for m, n, k in [(1031, 777, 517), (1024, 768, 512), (2048, 2560, 5120)]:  # ragged, whole tiles, 1.2 waves
             a, b = torch.randn(m, k, device=dev).bfloat16(), torch.randn(k, n, device=dev).bfloat16()
-            for num_sms in (7, None):
-                first = gemm.matmul(a, b, config=cfg, num_sms=num_sms)
-                assert rel(first, a, b) <= 1e-2, (cfg, m, n, k, num_sms)
+            for gemm_sms in (7, None):
+                first = gemm.matmul(a, b, config=cfg, gemm_sms=gemm_sms)
+                assert rel(first, a, b) <= 1e-2, (cfg, m, n, k, gemm_sms)
                 # split tail: the tile counters reset themselves and the fix-up adds in a fixed order
-                assert torch.equal(gemm.matmul(a, b, config=cfg, num_sms=num_sms), first), (cfg, m, n, k, num_sms)
-sms = torch.cuda.get_device_properties(0).multi_processor_count
+                assert torch.equal(gemm.matmul(a, b, config=cfg, gemm_sms=gemm_sms), first), (cfg, m, n, k, gemm_sms)
+total_sms = torch.cuda.get_device_properties(0).multi_processor_count
 lib = torch.backends.cuda.preferred_blas_library()
 a, b = torch.randn(512, 512, device=dev).bfloat16(), torch.randn(512, 512, device=dev).bfloat16()
-assert rel(gemm.cublas_matmul(a, b, num_sms=sms - 32), a, b) <= 1e-2
+assert rel(gemm.cublas_matmul(a, b, gemm_sms=total_sms - 32), a, b) <= 1e-2
 assert torch._C._get_sm_carveout_experimental() is None and torch.backends.cuda.preferred_blas_library() == lib
 
 # FP8: against the dequantized float64 product of the same values, both layouts of b, and beside _scaled_mm
@@ -417,14 +417,14 @@ def rel8(out, a, b):
 for m, n, k in [(67, 45, 33), (130, 257, 65), (1000, 1008, 1024), (256, 512, 128), (2048, 2560, 5120)]:
     a = torch.randn(m, k, device=dev).to(f8)
     for b in (torch.randn(n, k, device=dev).to(f8).t(), torch.randn(k, n, device=dev).to(f8)):
-        for num_sms in (7, None):
-            out = gemm.matmul(a, b, num_sms=num_sms, scale_a=sa, scale_b=sb)
+        for gemm_sms in (7, None):
+            out = gemm.matmul(a, b, gemm_sms=gemm_sms, scale_a=sa, scale_b=sb)
             torch.cuda.synchronize()
-            assert out.dtype == torch.bfloat16 and rel8(out, a, b) <= 1e-2, (m, n, k, b.stride(), num_sms)
+            assert out.dtype == torch.bfloat16 and rel8(out, a, b) <= 1e-2, (m, n, k, b.stride(), gemm_sms)
     if k % 16 == 0 and n % 16 == 0:
         b = torch.randn(n, k, device=dev).to(f8).t()
-        for num_sms in (None, sms - 32):
-            assert rel8(gemm.cublas_matmul(a, b, num_sms=num_sms, scale_a=sa, scale_b=sb), a, b) <= 1e-2, (m, n, k)
+        for gemm_sms in (None, total_sms - 32):
+            assert rel8(gemm.cublas_matmul(a, b, gemm_sms=gemm_sms, scale_a=sa, scale_b=sb), a, b) <= 1e-2, (m, n, k)
 assert torch._C._get_sm_carveout_experimental() is None and torch.backends.cuda.preferred_blas_library() == lib
 for base in (gemm.LARGE, gemm.MEDIUM, gemm.SMALL):
     for cfg in (gemm.for_dtype(base, f8), dataclasses.replace(gemm.for_dtype(base, f8), split_tail=True)):
@@ -448,11 +448,17 @@ def test_bench_dry_run_lists_shapes_and_writes_json(tmp_path: Path) -> None:
     dims = [(s["m"], s["n"], s["k"]) for s in data["shapes"]]
     assert dims[0] == (8192, 8192, 8192) and len(dims) == len(set(dims))
     assert (4096, 6144, 4096) in dims  # h4096 s4096 qkv_fprop at TP=2
-    assert data["method"]["dtype"] == "bf16" and "128x256x64_w8_s3_g8" in data["sweep_configs"]
+    assert (8192, 1024, 2048) in dims  # h2048 s8192 proj_dgrad: a small model of the default set
+    assert data["method"]["dtype"] == "bf16" and "128x256x64_w8_s4_g8" in data["sweep_configs"]
     fp8 = dry_run("bench/gemm_bench.py", tmp_path / "fp8.json", "--dtype", "fp8")
     assert fp8["method"]["dtype"] == "fp8" and fp8["shapes"] == data["shapes"]
-    assert "128x256x128_w8_s3_g8" in fp8["sweep_configs"] and "128x256x64_w8_s4_g8" in fp8["sweep_configs"]
-    assert len(fp8["ring_cases"]) == 30
+    assert "128x256x128_w8_s4_g8" in fp8["sweep_configs"] and "128x256x64_w8_s4_g8" in fp8["sweep_configs"]
+    assert len(fp8["ring_cases"]) == 8 * 6  # eight shapes x (four all-gather + two reduce-scatter slots)
+    own = dry_run("bench/gemm_bench.py", tmp_path / "own.json", "--shapes", "h6144_s2048_f24576_b2")
+    assert [(s["m"], s["n"], s["k"]) for s in own["shapes"]][1] == (4096, 9216, 6144)  # qkv_fprop, mbs 2
+    assert own["method"]["shapes"] == [
+        {"name": "h6144_s2048_b2", "tp": 2, "hidden": 6144, "seq": 2048, "ffn": 24576, "mbs": 2}
+    ]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
@@ -463,7 +469,9 @@ def test_every_bench_variant_computes_the_product_on_a_small_cpu_problem(dtype: 
     from bench import gemm_bench  # imported here: it binds the interpreted kernel modules
 
     errors = gemm_bench.check_variants(dtype, "cpu")
-    assert {"cublas", "ours", "all_gather/fused", "reduce_scatter/fused"} <= errors.keys()
+    assert {"cublas", "ours"} | {f"{c}/{v}" for c in ("all_gather", "reduce_scatter") for v in ("kernel", "plain")} <= (
+        errors.keys()
+    )
     assert ("cublas_split_accum" in errors) == (dtype == FP8)
     assert all(err <= gemm_bench.REL_ERR_LIMIT for err in errors.values()), errors
 

@@ -29,7 +29,7 @@ PATHS = pytest.mark.parametrize(("rows", "tma"), [(130, False), (96, True)], ids
 def test_gather_reads_the_local_shard_in_place_and_every_arrived_chunk(
     chunks: int, rank: int, dtype: torch.dtype, rows: int, tma: bool
 ) -> None:
-    out, ref = run_gather(ring_gemm, chunks, rank, (rows, N, K), dtype, tma=tma, config=SMALL, num_sms=3)
+    out, ref = run_gather(ring_gemm, chunks, rank, (rows, N, K), dtype, tma=tma, config=SMALL, gemm_sms=3)
     assert rel_err(out, ref) <= REL_TOL[dtype]
 
 
@@ -39,11 +39,11 @@ def test_gather_reads_the_local_shard_in_place_and_every_arrived_chunk(
 def test_scatter_stages_each_owners_partial_counts_its_segments_and_adds_what_arrived(
     chunks: int, rank: int, col_groups: int, dtype: torch.dtype, rows: int, tma: bool
 ) -> None:
-    plan = ring_gemm.scatter_plan(rows, N, K, chunks=chunks, dtype=dtype, device=torch.device("cpu"), num_sms=3,
+    plan = ring_gemm.scatter_plan(rows, N, K, chunks=chunks, dtype=dtype, device=torch.device("cpu"), gemm_sms=3,
                                   config=SMALL, col_groups=col_groups)  # fmt: skip
     # row groups of 64 rows (the last one ragged at 130); 5 tile columns in 1 or 3 groups (the last ragged)
     assert len(plan.segments) == -(-rows // 64) * col_groups
-    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, N, K), dtype, tma=tma, config=SMALL, num_sms=3,
+    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, N, K), dtype, tma=tma, config=SMALL, gemm_sms=3,
                            col_groups=col_groups)  # fmt: skip
     assert rel_err(out, ref) <= REL_TOL[dtype]
 
@@ -51,21 +51,21 @@ def test_scatter_stages_each_owners_partial_counts_its_segments_and_adds_what_ar
 @pytest.mark.parametrize("kernel", [run_gather, run_scatter], ids=["gather", "scatter"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
-    ("chunks", "rank", "rows", "num_sms", "tail", "splits"),
+    ("chunks", "rank", "rows", "gemm_sms", "tail", "splits"),
     [(2, 1, 96, 7, 2, 3), (4, 2, 96, 8, 4, 2), (2, 0, 32, 20, 10, 2)],
     ids=["last-chunk", "4-chunks", "tail-spans-both-chunks"],
 )
 def test_ring_kernels_split_their_last_round_along_k(
-    kernel: object, chunks: int, rank: int, rows: int, num_sms: int, tail: int, splits: int, dtype: torch.dtype
+    kernel: object, chunks: int, rank: int, rows: int, gemm_sms: int, tail: int, splits: int, dtype: torch.dtype
 ) -> None:
     k = 512  # 32 K steps of 16: parts of at least 8 steps
     # tail-spans-both-chunks: 10 tiles on 20 programs, so the local (or other owner's) chunk is split too
     tiles = chunks * -(-rows // SPLIT.block_m) * -(-N // SPLIT.block_n)
-    plan = gemm.TailSplit.plan(SPLIT, tiles=tiles, sms=num_sms, k=k, device=torch.device("cpu"))
+    plan = gemm.TailSplit.plan(SPLIT, tiles=tiles, gemm_sms=gemm_sms, k=k, device=torch.device("cpu"))
     assert (plan.tiles, plan.splits) == (tail, splits)
-    out, ref = kernel(ring_gemm, chunks, rank, (rows, N, k), dtype, tma=True, config=SPLIT, num_sms=num_sms)
+    out, ref = kernel(ring_gemm, chunks, rank, (rows, N, k), dtype, tma=True, config=SPLIT, gemm_sms=gemm_sms)
     assert rel_err(out, ref) <= REL_TOL[dtype]
-    again, _ = kernel(ring_gemm, chunks, rank, (rows, N, k), dtype, tma=True, config=SPLIT, num_sms=num_sms)
+    again, _ = kernel(ring_gemm, chunks, rank, (rows, N, k), dtype, tma=True, config=SPLIT, gemm_sms=gemm_sms)
     assert torch.equal(again, out)  # parts are added in split order, whoever arrives last
 
 
@@ -76,7 +76,7 @@ FP8_K = 64  # 64-byte FP8 rows: TMA can address a and the column-major b (K = 40
 @pytest.mark.parametrize(("chunks", "rank"), [(2, 1), (4, 2)])
 def test_gather_of_fp8_chunks_applies_both_scales_and_writes_bf16(chunks: int, rank: int, rows: int, tma: bool) -> None:
     """Triton's interpreter (3.6 and 3.9) runs FP8 (float8e4nv) loads and dots: the FP8 path runs here in full."""
-    out, ref = run_gather(ring_gemm, chunks, rank, (rows, N, FP8_K), FP8, tma=tma, config=SMALL, num_sms=3)
+    out, ref = run_gather(ring_gemm, chunks, rank, (rows, N, FP8_K), FP8, tma=tma, config=SMALL, gemm_sms=3)
     assert out.dtype == torch.bfloat16
     assert rel_err(out, ref) <= REL_TOL[FP8]
 
@@ -86,7 +86,7 @@ def test_gather_of_fp8_chunks_applies_both_scales_and_writes_bf16(chunks: int, r
 def test_scatter_of_fp8_operands_stages_scaled_bf16_partials(
     chunks: int, rank: int, col_groups: int, rows: int, tma: bool
 ) -> None:
-    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, N, FP8_K), FP8, tma=tma, config=SMALL, num_sms=3,
+    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, N, FP8_K), FP8, tma=tma, config=SMALL, gemm_sms=3,
                            col_groups=col_groups)  # fmt: skip
     assert out.dtype == torch.bfloat16
     assert rel_err(out, ref) <= REL_TOL[FP8]
@@ -99,21 +99,21 @@ def test_scatter_reads_equal_segments_through_a_descriptor(chunks: int, rank: in
     partials are read by TMA tiles of the [sources * segments, 64, 128] view (the plan of `test_scatter_...`
     above, 130 x 296 or 96 x 296, has ragged segments and reads them through pointers)."""
     rows, n, k = 128, 256, FP8_K
-    plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=torch.device("cpu"), num_sms=3,
+    plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=torch.device("cpu"), gemm_sms=3,
                                   config=SMALL, col_groups=2)  # fmt: skip
     recv = torch.empty(chunks, rows, n, dtype=torch.bfloat16 if dtype == FP8 else dtype)
     assert not isinstance(ring_gemm._segment_tiles(recv, plan), torch.Tensor)
-    ragged = ring_gemm.scatter_plan(96, N, k, chunks=chunks, dtype=dtype, device=torch.device("cpu"), num_sms=3,
+    ragged = ring_gemm.scatter_plan(96, N, k, chunks=chunks, dtype=dtype, device=torch.device("cpu"), gemm_sms=3,
                                     config=SMALL, col_groups=2)  # fmt: skip
     assert ring_gemm._segment_tiles(recv, ragged) is recv
-    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, n, k), dtype, tma=True, config=SMALL, num_sms=3,
+    out, ref = run_scatter(ring_gemm, chunks, rank, (rows, n, k), dtype, tma=True, config=SMALL, gemm_sms=3,
                            col_groups=2)  # fmt: skip
     assert rel_err(out, ref) <= REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("kernel", [run_gather, run_scatter], ids=["gather", "scatter"])
 def test_fp8_ring_kernels_scale_each_k_part_of_a_split_tail(kernel: object) -> None:
-    out, ref = kernel(ring_gemm, 2, 1, (96, N, 512), FP8, tma=True, config=SPLIT, num_sms=7)
+    out, ref = kernel(ring_gemm, 2, 1, (96, N, 512), FP8, tma=True, config=SPLIT, gemm_sms=7)
     assert rel_err(out, ref) <= REL_TOL[FP8]
 
 
@@ -124,7 +124,7 @@ def test_fp8_ring_kernels_scale_each_k_part_of_a_split_tail(kernel: object) -> N
 )  # ~2 MiB each (25 MiB: 12); at least PUSH_FLOPS of work each (ragged: 36 GFLOP over 3 row groups: 1 each)
 def test_scatter_plan_lays_segments_end_to_end_over_the_chunk(rows: int, n: int, k: int, segments: int) -> None:
     plan = ring_gemm.scatter_plan(rows, n, k, chunks=2, dtype=torch.bfloat16, device=torch.device("cpu"),
-                                  num_sms=132)  # fmt: skip
+                                  gemm_sms=132)  # fmt: skip
     cfg = plan.config
     assert len(plan.segments) == segments <= ring_gemm.max_segments(rows)
     covered = torch.zeros(rows, n, dtype=torch.int32)
@@ -151,7 +151,7 @@ def test_bad_arguments_name_the_field() -> None:
         ("rank", lambda: ring_gemm.gather_matmul(a, ring, b, out, ready=ready, epoch=1, rank=2)),
         ("b", lambda: ring_gemm.gather_matmul(a, ring, torch.ones(2, 5), out, ready=ready, epoch=1, rank=0)),
     ]
-    plan = ring_gemm.scatter_plan(4, 5, 3, chunks=2, dtype=torch.float32, device=a.device, num_sms=2)
+    plan = ring_gemm.scatter_plan(4, 5, 3, chunks=2, dtype=torch.float32, device=a.device, gemm_sms=2)
 
     def scatter(**changes: object) -> None:
         kwargs = dict(
@@ -170,7 +170,7 @@ def test_bad_arguments_name_the_field() -> None:
         (
             "col_groups",
             lambda: ring_gemm.scatter_plan(
-                4, 5, 3, chunks=2, dtype=torch.float32, device=a.device, num_sms=2, col_groups=2
+                4, 5, 3, chunks=2, dtype=torch.float32, device=a.device, gemm_sms=2, col_groups=2
             ),
         ),  # one tile column only
     ]
@@ -203,7 +203,7 @@ def test_bad_arguments_name_the_field() -> None:
         assert err.value.field == field, (field, err.value)
 
 
-_CUDA_CHECKS = """
+_CUDA_SETUP = """
 import dataclasses, sys
 import torch
 sys.path.insert(0, "tests")
@@ -214,41 +214,66 @@ configs = [None]  # the heuristic's pick (a split tail on the h5120 shapes), the
 for base in (gemm.LARGE, gemm.MEDIUM, gemm.SMALL):
     configs += [base, dataclasses.replace(base, split_tail=True)]
 # h5120 s2048 fc1 at TP=2 (1.3 rounds), whole tiles at 1.x rounds, and ragged chunks (pointer loads)
-for shape in [(1024, 6912, 5120), (1024, 768, 1024), (130, 296, 520)]:
+shapes = [(1024, 6912, 5120), (1024, 768, 1024), (130, 296, 520)]
+passed = 0
+"""
+_CUDA_CHECKS = {
+    "bf16": """
+for shape in shapes:
     for cfg in configs:
-        for num_sms in (7, None):
+        for gemm_sms in (7, None):
             for run in (run_gather, run_scatter):
                 for rank in (0, 1):
-                    case = (run.__name__, shape, cfg and cfg.label(), num_sms, rank)
-                    out, ref = run(ring_gemm, 2, rank, shape, torch.bfloat16, tma=True, config=cfg, num_sms=num_sms,
+                    case = (run.__name__, shape, cfg and cfg.label(), gemm_sms, rank)
+                    out, ref = run(ring_gemm, 2, rank, shape, torch.bfloat16, tma=True, config=cfg, gemm_sms=gemm_sms,
                                    device="cuda")
                     assert rel_err(out, ref) <= 1e-2, case
                     again, _ = run(ring_gemm, 2, rank, shape, torch.bfloat16, tma=True, config=cfg,
-                                   num_sms=num_sms, device="cuda")
+                                   gemm_sms=gemm_sms, device="cuda")
                     assert torch.equal(again, out), case
-# FP8 operands (column-major b, bf16 partials and out); K = 520 leaves the ragged chunks' rows to pointer loads
-for shape in [(1024, 6912, 5120), (1024, 768, 1024), (130, 296, 520)]:
+                    passed += 1
+assert passed == len(shapes) * len(configs) * 2 * 2 * 2
+print(f"cuda ring checks ok: {passed} bf16 cases")
+""",
+    # FP8 operands (column-major b, bf16 partials and out); K = 520 leaves the ragged chunks' rows to pointer loads
+    "fp8": """
+for shape in shapes:
     for cfg in [None] + [gemm.for_dtype(c, torch.float8_e4m3fn) for c in configs[1:]]:
         for run in (run_gather, run_scatter):
             for rank in (0, 1):
                 case = ("fp8", run.__name__, shape, cfg and cfg.label(), rank)
-                out, ref = run(ring_gemm, 2, rank, shape, FP8, tma=True, config=cfg, num_sms=None, device="cuda")
+                out, ref = run(ring_gemm, 2, rank, shape, FP8, tma=True, config=cfg, gemm_sms=None, device="cuda")
                 assert out.dtype == torch.bfloat16 and rel_err(out, ref) <= REL_TOL[FP8], case
-print("cuda ring checks ok")
-"""
+                passed += 1
+assert passed == len(shapes) * len(configs) * 2 * 2
+print(f"cuda ring checks ok: {passed} fp8 cases")
+""",
+}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_compiled_ring_kernels_on_cuda_match_with_and_without_a_split_tail() -> None:
-    """The compiled (non-interpreted) kernels, in a fresh process without TRITON_INTERPRET."""
-    run_compiled(_CUDA_CHECKS)
+@pytest.mark.parametrize("dtype", sorted(_CUDA_CHECKS))
+def test_compiled_ring_kernels_on_cuda_match_with_and_without_a_split_tail(dtype: str) -> None:
+    """The compiled (non-interpreted) kernels, in a fresh process without TRITON_INTERPRET; one process per
+    dtype, so that the two compile side by side (each takes minutes on a cold Triton cache)."""
+    run_compiled(_CUDA_SETUP + _CUDA_CHECKS[dtype])
 
 
 def test_ring_bench_dry_run_lists_every_coupled_slot(tmp_path: Path) -> None:
     cases = dry_run("bench/ring_bench.py", tmp_path / "dry.json")["cases"]
-    assert len(cases) == 5 * 6  # five anchor shapes x (four all-gather + two reduce-scatter slots)
+    assert len(cases) == 8 * 6  # five anchor shapes, three small models x (four all-gather + two reduce-scatter)
     by_slot = {(c["shape"], c["slot"]): c for c in cases}
     assert by_slot["h5120_s2048", "proj_fprop"] == {
         "shape": "h5120_s2048", "slot": "proj_fprop", "m": 2048, "n": 5120, "k": 2560, "collective": "reduce_scatter"
     }  # fmt: skip
     assert by_slot["h4096_s4096", "qkv_fprop"]["collective"] == "all_gather"
+
+
+def test_a_fused_all_gather_falls_back_to_the_plain_ring_only_where_our_tiles_leave_sms_idle() -> None:
+    def pays(rows: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+        return ring_gemm.fused_pays(rows, n, k, chunks=2, dtype=dtype, gemm_sms=132)
+
+    assert not pays(1024, 2560, 5120)  # h5120 s2048 proj_dgrad at TP=2: 160 tiles of 128x256 on 132 SMs
+    assert not pays(1024, 6912, 5120, FP8) and pays(1024, 6912, 5120)  # fc1_fprop: 128x128 tiles at FP8 only
+    assert pays(2048, 6144, 4096) and pays(2048, 6144, 4096, FP8)  # h4096 s4096 qkv_fprop
+    assert pays(16, 64, 16)  # less than one round of tiles: the fused kernel, whatever its balance

@@ -141,7 +141,7 @@ MACHINE = cost_model.Machine(
     ids=["none", "bulk-ce", "bulk-sm", "fused", "ring-ce"],
 )
 def test_the_cost_model_gives_the_hand_computed_times(config: OverlapConfig, want: float) -> None:
-    assert cost_model.config_ms(config, gemm_ms=1.0, comm_ms=0.4, machine=MACHINE, sms=132) == pytest.approx(want)
+    assert cost_model.config_ms(config, gemm_ms=1.0, comm_ms=0.4, machine=MACHINE, gemm_sms=132) == pytest.approx(want)
 
 
 def test_a_pipeline_is_paced_by_the_slower_of_its_chunk_gemm_and_chunk_collective() -> None:
@@ -150,7 +150,9 @@ def test_a_pipeline_is_paced_by_the_slower_of_its_chunk_gemm_and_chunk_collectiv
     chunk_gemm = (gemm * (1 + 0.02 * 3) + 0.01 * 3) / 4  # 4 chunks: 3 more tails and launches
     chunk_comm = 0.4 * 2 / 4 + 0.01  # 8 SMs of the 16 the comm needs: twice as slow, plus a launch
     want = chunk_gemm + 3 * max(chunk_gemm, chunk_comm) + chunk_comm + 0.01 * gemm  # 2 streams cost 1%
-    got = cost_model.config_ms(replace(config, num_max_streams=2), gemm_ms=1.0, comm_ms=0.4, machine=MACHINE, sms=132)
+    got = cost_model.config_ms(
+        replace(config, num_max_streams=2), gemm_ms=1.0, comm_ms=0.4, machine=MACHINE, gemm_sms=132
+    )
     assert got == pytest.approx(want)
 
 
