@@ -147,7 +147,7 @@ class Switch:
 
 
 def _megatron_switches(*, flags: bool) -> tuple[Switch, ...]:
-    """Megatron-LM's TransformerConfig fields (docs/te_rules.md, Megatron-LM); Bridge sets the same fields on
+    """Megatron-LM's TransformerConfig fields (docs/te_rules.md, Consumers); Bridge sets the same fields on
     its model config and has no flags."""
 
     def flag(text: str) -> str | None:
