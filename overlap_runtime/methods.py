@@ -64,12 +64,12 @@ class Plan:
 
     @classmethod
     def resolve(cls, config: OverlapConfig, dev: Device) -> Plan:
-        margin = config.num_sm if config.set_sm_margin else None
         sm_driven = sm_driven_comm(config)
         return cls(
             method=config.method,
             gemm_kind=config.gemm or "cublas",
-            gemm_sms=dev.sm_count - margin if margin else None,
+            # TE's set_sm_margin keeps the comm's num_sm SMs off the GEMM: the GEMM gets the rest.
+            gemm_sms=dev.sm_count - config.num_sm if config.set_sm_margin and config.num_sm else None,
             streams=config.num_max_streams or (DEFAULT_STREAMS if dev.is_cuda else 1),
             comm=CommOptions(
                 num_sm=config.num_sm if sm_driven else None,

@@ -22,8 +22,8 @@ def default_backend() -> str:
 
 BACKEND_HELP = "cpu | cuda | te (TransformerEngine itself; default: cuda if GPUs are present)"
 """The ``--backend`` option's help, the same in every command that measures."""
-MARGIN = "set_sm_margin"
-"""The knob whose option may be left unset: TE's margin, on wherever ``--num-sm`` is given."""
+SET_SM_MARGIN = "set_sm_margin"
+"""The knob whose option may be left unset: on wherever ``--num-sm`` is given."""
 
 
 def takes_knobs(command: Command) -> Command:
@@ -32,9 +32,9 @@ def takes_knobs(command: Command) -> Command:
     options = [
         FieldOption(
             name=o.name,
-            type=bool | None if o.name == MARGIN else o.type,
+            type=bool | None if o.name == SET_SM_MARGIN else o.type,
             help=o.help,
-            default=None if o.name == MARGIN else o.default,
+            default=None if o.name == SET_SM_MARGIN else o.default,
             flags=o.flags,
             bounds=o.bounds,
         )
@@ -79,8 +79,8 @@ def measure(
     elif "method" not in knobs:
         raise InputError("method", "is required (or give the whole config with --config)")
     else:
-        margin = knobs.pop(MARGIN, None)
-        config = OverlapConfig(**knobs, set_sm_margin=knobs.get("num_sm") is not None if margin is None else margin)
+        given = knobs.pop(SET_SM_MARGIN, None)
+        config = OverlapConfig(**knobs, set_sm_margin=knobs.get("num_sm") is not None if given is None else given)
     with open_runtime(tp=shape.tp, backend=backend) as runtime:
         try:
             result = runtime.measure(shape, slot, config, repeats=repeats)
