@@ -24,7 +24,7 @@ from autotune.tuner.gpu import device_gpu_name, preset_gpu_name, results_gpu
 from autotune.tuner.outcome import SlotOutcome
 from autotune.tuner.proposal import Proposal, Purpose
 from autotune.tuner.studies import SlotStudy
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import NO_OVERLAP, OverlapConfig
 from overlap_runtime.errors import ConfigError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.runtime import open_runtime
@@ -123,7 +123,7 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     slots = tunable_slots(shape, request.layers)
     with open_runtime(tp=shape.tp, backend=request.backend) as runtime:
         for slot in slots:  # the runtime's shape rules (tp, dtype) as an InputError now, not as failed trials
-            runtime.check(shape, slot, OverlapConfig(method=Method.NONE))
+            runtime.check(shape, slot, NO_OVERLAP)
         gpu = results_gpu(request.gpu or device_gpu_name(backend=request.backend), request.backend)
         engine = create_engine_for(url=request.db)
         upgrade(engine=engine)

@@ -22,7 +22,6 @@ from overlap_runtime.knobs import (
     CONFIG_KNOBS,
     MAX_CGA_SIZE,
     MAX_NUM_SM,
-    MAX_NUM_SPLITS,
     MAX_STREAMS,
     TE,
     TE_MAX_SMS,
@@ -30,7 +29,8 @@ from overlap_runtime.knobs import (
     Knob,
     Method,
 )
-from overlap_runtime.shape import RS_DGRAD_SLOTS, Collective, ModelShape, Slot, SlotGemm, slot_gemm
+from overlap_runtime.methods import BASELINE, METHODS, method_spec
+from overlap_runtime.shape import RS_DGRAD_SLOTS, ModelShape, Slot, SlotGemm, slot_gemm
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,11 +99,18 @@ class OverlapConfig:
             raise ConfigError("method", "is required")
         return cls(**data)
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether its method overlaps anything: every method but the baseline (`MethodSpec.overlaps`)."""
+        return method_spec(self.method).overlaps
+
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {f.name: f.default for f in dataclasses.fields(OverlapConfig) if f.default is not dataclasses.MISSING}
 )
 """Each knob's unset value (every field but method has one)."""
+NO_OVERLAP = OverlapConfig(method=BASELINE)
+"""The collective and the GEMM back to back: the baseline of every search."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,27 +151,9 @@ def knob_options() -> tuple[KnobOption, ...]:
 
 
 def uses_rs_dgrad(slot: Slot, method: Method) -> bool:
-    """TE moves qkv_dgrad / fc1_dgrad to a reduce-scatter of their output under any method but bulk."""
-    return slot in RS_DGRAD_SLOTS and method in (Method.RING_EXCHANGE, Method.PIPELINE)
-
-
-FP8_ALIGN = 16
-"""FP8 GEMMs need K and N multiples of 16: ``torch._scaled_mm``'s rule (and 16-byte rows for TMA)."""
-
-
-def splits_fit(gemm: SlotGemm, splits: int) -> bool:
-    """Whether ``gemm``'s output width splits into ``splits`` equal chunks that its dtype can run: FP8 chunks
-    keep the width's multiple of `FP8_ALIGN` (a width without one is the shape's problem, `fp8_misfit`)."""
-    if gemm.n % splits:
-        return False
-    return gemm.dtype != "fp8" or gemm.n % FP8_ALIGN != 0 or gemm.n // splits % FP8_ALIGN == 0
-
-
-def fp8_misfit(gemm: SlotGemm) -> str | None:
-    """Why an FP8 GEMM of these dims cannot run (K or N not a multiple of `FP8_ALIGN`); None when it can."""
-    if gemm.dtype != "fp8" or (gemm.k % FP8_ALIGN == 0 and gemm.n % FP8_ALIGN == 0):
-        return None
-    return f"FP8 GEMMs need K and N multiples of {FP8_ALIGN} (torch._scaled_mm); {gemm.slot.value} has K={gemm.k}, N={gemm.n}"
+    """TE moves qkv_dgrad / fc1_dgrad to a reduce-scatter of their output under the methods that say so
+    (`MethodSpec.rs_dgrad`: every one but bulk)."""
+    return slot in RS_DGRAD_SLOTS and method_spec(method).rs_dgrad
 
 
 def problem(shape: ModelShape, slot: Slot, method: Method) -> SlotGemm:
@@ -179,24 +168,24 @@ def check_config(
     backend: str,
     limits: DeviceLimits | None = None,
 ) -> None:
-    """Raise `ConfigError` unless this runtime can run ``config`` for ``gemm`` on ``backend`` as asked."""
+    """Raise `ConfigError` unless this runtime can run ``config`` for ``gemm`` on ``backend`` as asked: the rules
+    every method shares here, then the method's own (`MethodSpec.check`)."""
     if backend not in BACKENDS:
         raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}", backend)
-    _check_method(config.method, gemm)
+    spec = method_spec(config.method)
+    refused = spec.refuses(gemm)
+    if refused is not None:
+        raise ConfigError("method", refused, config.method.value)
     _check_fp8(config, gemm)
     _leave_unset(
         config, (k for k in CONFIG_KNOBS if backend not in k.backends), f"has no meaning on the {backend} backend"
     )
-    _check_knobs(config, gemm, limits)
-    if backend == TE:
-        _check_te(config)
-    elif config.aggregate and (config.use_ce or (backend == "cuda" and config.use_ce is None)):
+    _check_knobs(config, limits)
+    if backend == TE and config.num_sm is not None and config.num_sm > TE_MAX_SMS:
         raise ConfigError(
-            "aggregate",
-            "the copy-engine all-gather pushes each shard straight to every peer, so it has no ring steps to "
-            "aggregate: aggregate needs use_ce=false (the send/recv ring)",
-            True,
+            "num_sm", f"TE's userbuffers comm kernels run at most NVTE_MAX_SMS={TE_MAX_SMS} CTAs", config.num_sm
         )
+    spec.check(config, gemm, backend)
 
 
 ATOMIC_GEMM_RULE = (
@@ -208,30 +197,19 @@ ATOMIC_GEMM_RULE = (
 
 def _check_fp8(config: OverlapConfig, gemm: SlotGemm) -> None:
     """The knobs that only FP8 GEMMs give a meaning, where TE gives them one (docs/te_rules.md, The fp8_buf
-    merge rule): an FP8 buffer is the pipeline's choice only, since at FP8 every all-gather moves FP8 data
-    anyway (TE forces it) and TE's other reduce-scatters always move bf16 partials."""
+    merge rule): an FP8 buffer is a choice only under a method that takes fp8_buf (pipeline), since at FP8
+    every all-gather moves FP8 data anyway (TE forces it) and TE's other reduce-scatters move bf16 partials."""
     for knob in CONFIG_KNOBS:
         if knob.fp8 is not None and getattr(config, knob.name) and gemm.dtype != "fp8":
             raise ConfigError(knob.name, f"needs FP8 GEMMs (a shape with dtype fp8, not {gemm.dtype})", True)
     if config.atomic_gemm:
         raise ConfigError("atomic_gemm", ATOMIC_GEMM_RULE, True)
-    if config.fp8_buf and config.method != Method.PIPELINE:
+    if config.fp8_buf and "fp8_buf" not in method_spec(config.method).takes:
         raise ConfigError(
             "fp8_buf",
-            "TE honours fp8_buf only for pipeline: at FP8 an all-gather always moves FP8 data and the other "
-            f"reduce-scatters bf16 partials (got method {config.method.value})",
+            f"TE honours fp8_buf only for {_names(_takers('fp8_buf'))}: at FP8 an all-gather always moves FP8 data and "
+            f"the other reduce-scatters bf16 partials (got method {config.method.value})",
             True,
-        )
-
-
-def _check_te(config: OverlapConfig) -> None:
-    """What TE's userbuffers cannot run as asked, beyond the runtime's rules (docs/te_rules.md): the knobs of
-    our runtime alone are refused by `_leave_unset` (`Knob.backends`)."""
-    if config.method == Method.BULK and config.use_ce:
-        raise ConfigError("use_ce", "TE's bulk overlap always runs SM kernels of num_sm CTAs; leave it unset", True)
-    if config.num_sm is not None and config.num_sm > TE_MAX_SMS:
-        raise ConfigError(
-            "num_sm", f"TE's userbuffers comm kernels run at most NVTE_MAX_SMS={TE_MAX_SMS} CTAs", config.num_sm
         )
 
 
@@ -242,107 +220,60 @@ def _leave_unset(config: OverlapConfig, knobs: Iterable[Knob], why: str) -> None
             raise ConfigError(knob.name, f"{why}; leave it {'false' if unset is False else 'unset'}", value)
 
 
-def _check_method(method: Method, gemm: SlotGemm) -> None:
-    slot = gemm.slot.value
-    if method == Method.EXTERNAL:
-        raise ConfigError("method", f"external is TE's MXFP8-only wgrad path and is not measured ({slot})", "external")
-    if method == Method.RING_EXCHANGE and not gemm.coupled:
-        raise ConfigError(
-            "method", f"ring_exchange needs a collective that feeds or drains the GEMM; {slot} runs bulk", method.value
-        )
-    if method == Method.PIPELINE and not (gemm.coupled and gemm.collective == Collective.REDUCE_SCATTER):
-        raise ConfigError(
-            "method",
-            f"pipeline splits a GEMM whose output is reduce-scattered; {slot} all-gathers its input",
-            method.value,
-        )
-    if method == Method.BULK and gemm.coupled:
-        raise ConfigError(
-            "method",
-            f"bulk needs a collective independent of the GEMM; {slot}'s {gemm.collective.value} is coupled to it",
-            method.value,
-        )
-
-
 def sm_driven_comm(config: OverlapConfig) -> bool:
-    """Whether the comm runs as SM kernels (NCCL), so num_sm / cga_size shape it.
-
-    ring_exchange defaults to the copy engine (TE's use_ce=True); bulk defaults to TE's SM-driven
-    collective and moves to copy-engine pushes only when use_ce is asked for explicitly.  A fused ring runs
-    no comm kernel: its all-gather rides the copy engine and its reduce-scatter the GEMM's own stores.
-    """
-    if config.method == Method.RING_EXCHANGE:
-        return config.use_ce is False and not config.fused
-    if config.method == Method.BULK:
-        return config.use_ce is not True
-    return config.method == Method.PIPELINE
+    """Whether the comm runs as SM kernels (NCCL), so num_sm / cga_size shape it (`MethodSpec.sm_comm`)."""
+    return method_spec(config.method).sm_comm(config)
 
 
-def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | None) -> None:
+_SOME_METHODS = tuple(k.name for k in CONFIG_KNOBS if any(k.name in spec.takes for spec in METHODS.values()))
+"""The knobs that only some methods give a meaning (`MethodSpec.takes`), in the knob table's order."""
+_SM_COMM = ", ".join(spec.sm_comm_when for spec in METHODS.values() if spec.sm_comm_when)
+"""When the comm runs as SM kernels, for the rules of num_sm and cga_size."""
+
+
+def _takers(knob: str) -> list[str]:
+    """The methods that take ``knob``, by name."""
+    return sorted(method.value for method, spec in METHODS.items() if knob in spec.takes)
+
+
+def _names(names: list[str]) -> str:
+    return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _check_knobs(config: OverlapConfig, limits: DeviceLimits | None) -> None:
     method = config.method
-    chunked = method in (Method.RING_EXCHANGE, Method.PIPELINE)
-    if method == Method.NONE:
+    if not method_spec(method).overlaps:
         _leave_unset(
-            config, (k for k in CONFIG_KNOBS if k.overlap_only), "has no meaning for method none (nothing overlaps)"
+            config,
+            (k for k in CONFIG_KNOBS if k.overlap_only),
+            f"has no meaning for method {method.value} (nothing overlaps)",
         )
+    sm_driven = sm_driven_comm(config)
     if config.num_sm is not None:
         max_sm = MAX_NUM_SM if limits is None else min(MAX_NUM_SM, limits.sm_count - 1)
         if not 1 <= config.num_sm <= max_sm:
             raise ConfigError("num_sm", f"must be between 1 and {max_sm}", config.num_sm)
-        if not (sm_driven_comm(config) or config.set_sm_margin):
+        if not (sm_driven or config.set_sm_margin):
             raise ConfigError(
-                "num_sm",
-                "only matters for SM-driven comm (use_ce=false, pipeline, bulk) or with set_sm_margin",
-                config.num_sm,
+                "num_sm", f"only matters for SM-driven comm ({_SM_COMM}) or with set_sm_margin", config.num_sm
             )
     if config.set_sm_margin and config.num_sm is None:
         raise ConfigError("set_sm_margin", "needs num_sm (the SMs kept off the GEMM)", True)
-    if config.num_splits is not None:
-        if method == Method.RING_EXCHANGE:
-            if config.num_splits != gemm.tp:
-                raise ConfigError("num_splits", f"ring_exchange always runs tp={gemm.tp} chunks", config.num_splits)
-        elif method != Method.PIPELINE:
-            raise ConfigError(
-                "num_splits", f"only pipeline and ring_exchange split the GEMM, not {method.value}", config.num_splits
-            )
-        elif not 1 <= config.num_splits <= MAX_NUM_SPLITS or not splits_fit(gemm, config.num_splits):
-            fp8 = f" into chunks {FP8_ALIGN} wide or a multiple (FP8 GEMMs)" if gemm.dtype == "fp8" else ""
-            raise ConfigError(
-                "num_splits",
-                f"must be between 1 and {MAX_NUM_SPLITS} and divide the output width {gemm.n}{fp8}",
-                config.num_splits,
-            )
-    if config.aggregate:
-        if not (method == Method.RING_EXCHANGE and gemm.collective == Collective.ALL_GATHER):
-            raise ConfigError("aggregate", "only a ring_exchange all-gather aggregates chunks", True)
-        if gemm.tp < 4 or gemm.tp % 2:
-            raise ConfigError(
-                "aggregate", f"needs an even tp >= 4 (two chunks per step, at least two steps), tp={gemm.tp}", True
-            )
-    if config.use_ce is not None and method not in (Method.RING_EXCHANGE, Method.BULK):
-        raise ConfigError(
-            "use_ce", f"only ring_exchange and bulk choose copy engine vs SM copies, not {method.value}", config.use_ce
-        )
+    for name in _SOME_METHODS:
+        value = getattr(config, name)
+        if value != DEFAULTS[name] and name not in method_spec(method).takes:
+            takers = _takers(name)
+            which = f"a {takers[0]} config gives" if len(takers) == 1 else f"{_names(takers)} configs give"
+            raise ConfigError(name, f"only {which} it a meaning, not {method.value}", value)
     if config.cga_size is not None:
-        if not sm_driven_comm(config):
-            raise ConfigError(
-                "cga_size", "only shapes SM-driven comm kernels (use_ce=false, pipeline, bulk)", config.cga_size
-            )
+        if not sm_driven:
+            raise ConfigError("cga_size", f"only shapes SM-driven comm kernels ({_SM_COMM})", config.cga_size)
         if not 1 <= config.cga_size <= MAX_CGA_SIZE:
             raise ConfigError("cga_size", f"must be between 1 and {MAX_CGA_SIZE}", config.cga_size)
         if config.num_sm is not None and config.cga_size > config.num_sm:
             raise ConfigError("cga_size", f"must not exceed num_sm={config.num_sm}", config.cga_size)
-    if config.num_max_streams is not None:
-        if not chunked:
-            raise ConfigError(
-                "num_max_streams",
-                "only chunked methods (ring_exchange, pipeline) use several GEMM streams",
-                config.num_max_streams,
-            )
-        if not 1 <= config.num_max_streams <= MAX_STREAMS:
-            raise ConfigError("num_max_streams", f"must be between 1 and {MAX_STREAMS}", config.num_max_streams)
-    if config.pipeline_rs_overlap_first_gemm and method != Method.PIPELINE:
-        raise ConfigError("pipeline_rs_overlap_first_gemm", "only applies to pipeline", True)
+    if config.num_max_streams is not None and not 1 <= config.num_max_streams <= MAX_STREAMS:
+        raise ConfigError("num_max_streams", f"must be between 1 and {MAX_STREAMS}", config.num_max_streams)
     for name in ("comm_priority", "gemm_priority"):
         value = getattr(config, name)
         if value is not None and limits is not None:
@@ -353,23 +284,3 @@ def _check_knobs(config: OverlapConfig, gemm: SlotGemm, limits: DeviceLimits | N
         value = getattr(config, knob.name)
         if knob.kind == Kind.CHOICE and value is not None and value not in knob.choices:
             raise ConfigError(knob.name, f"must be one of {', '.join(knob.choices)}", value)
-    if config.fused:
-        _check_fused(config)
-
-
-def _check_fused(config: OverlapConfig) -> None:
-    """A fused ring is one launch of our GEMM that moves the chunks itself: nothing else may shape them."""
-    if config.method != Method.RING_EXCHANGE:
-        raise ConfigError(
-            "fused", f"only a ring_exchange fuses its chunks into one GEMM, not {config.method.value}", True
-        )
-    if config.gemm != "triton":
-        raise ConfigError("fused", 'needs gemm="triton" (our GEMM waits for and stores the chunks)', True)
-    for name, why in (
-        ("use_ce", "the fused ring picks its transfers (copy engine in, epilogue stores out)"),
-        ("num_max_streams", "one launch has no chunk streams"),
-    ):
-        if getattr(config, name) is not None:
-            raise ConfigError(name, f"must be left unset with fused: {why}", getattr(config, name))
-    if config.aggregate:
-        raise ConfigError("aggregate", "a fused ring has no ring steps to aggregate", True)

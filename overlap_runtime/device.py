@@ -1,6 +1,6 @@
 """Per-rank execution primitives that the overlap methods are written against.
 
-The methods in `methods.py` describe *what* runs where (which chunk GEMM, which transfer, which waits);
+The methods' runners (`methods/`) describe *what* runs where (which chunk GEMM, which transfer, which waits);
 a `Device` supplies *how*, with the semantics of CUDA streams on both backends:
 
 - `CudaDevice`: compute streams (the chunk GEMMs rotate over ``num_max_streams`` of them), one comm stream

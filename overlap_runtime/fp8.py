@@ -6,7 +6,7 @@ delayed and current scaling do.  What moves at FP8 (docs/measurement.md, FP8):
 - all-gathers move the FP8 operand itself, half the bytes of bf16 (TE forces an FP8 buffer for them);
 - reduce-scatters move the bf16 partials, except a pipeline with ``fp8_buf``: each partial chunk is quantized
   with one scale every rank shares (TE's delayed scaling reduces the amax over the group), moved as FP8 and
-  summed in fp32 by its owner (`methods.fp8_reduce_scatter`).
+  summed in fp32 by its owner (`methods.common.fp8_reduce_scatter`).
 
 gloo has no float8 type and NCCL's transfers need none: FP8 tensors travel as their bytes (`as_bytes`).
 """

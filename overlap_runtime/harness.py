@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from overlap_runtime.config import DeviceLimits, Method, OverlapConfig, check_config, problem
+from overlap_runtime.config import DeviceLimits, OverlapConfig, check_config, problem
 from overlap_runtime.device import CudaDevice, Device, Timer
 from overlap_runtime.emulation import HostDevice
 from overlap_runtime.fp8 import E4M3_MAX
 from overlap_runtime.gemm import FP8
 from overlap_runtime.group import RankContext
 from overlap_runtime.measurement import REL_ERR_LIMIT, Baselines, BaselineSource, Measurement
-from overlap_runtime.methods import BULK_GATHERED, Operands, Plan, comm_only, gemm_only, run, serial
+from overlap_runtime.methods.common import BULK_GATHERED, Operands, Plan, comm_only, gemm_only, run, serial
 from overlap_runtime.races import slowed_streams
 from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
 from overlap_runtime.uncertainty import Series
@@ -289,10 +289,7 @@ class _Candidate:
     timed: Timed = field(default_factory=Timed)
 
     def call(self, dev: Device) -> None:
-        if self.config.method == Method.NONE:
-            serial(dev, self.ops)
-        else:
-            run(dev, self.ops, self.plan)
+        run(dev, self.ops, self.plan)
 
 
 def measure_task(

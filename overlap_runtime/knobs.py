@@ -1,11 +1,12 @@
 """The knob table: every key of TE's ``ub_cfgs`` entries and of our `OverlapConfig`, and its facts.
 
 One `Knob` per knob says what kind of value it takes, whether it is a TE ``ub_cfgs`` key or our runtime's
-own, which TE methods read it, which of our backends give it a meaning, TE's default where that default
-depends on neither the slot nor the method, its range, and its help text.  Everything that lists knobs
-derives from `KNOBS`: `OverlapConfig`'s type checks and rules (`overlap_runtime.config`), TE's key sets
-(`search_spaces.te_dict`), the preset rules, the API's config schema and the CLI's knob options.  Adding a
-knob is one `Knob` here plus one `OverlapConfig` field (a test holds the two together).
+own, which of our backends give it a meaning, TE's default where that default depends on neither the slot
+nor the method, its range, and its help text.  Everything that lists knobs derives from `KNOBS`:
+`OverlapConfig`'s type checks and rules (`overlap_runtime.config`), TE's key sets (`search_spaces.te_dict`),
+the preset rules, the API's config schema and the CLI's knob options.  Adding a knob is one `Knob` here plus
+one `OverlapConfig` field (a test holds the two together), and, where only some methods read it, a word in
+their specs (`overlap_runtime.methods`: `MethodSpec.takes`, ``te_keys``).
 
 Torch-free, like `overlap_runtime.config`.
 """
@@ -41,6 +42,8 @@ DEFAULT_STREAMS = 2
 """Compute streams a chunked method rotates over on CUDA when ``num_max_streams`` is unset."""
 TE_MAX_SMS = 32
 """userbuffers' NVTE_MAX_SMS: TE's comm kernels are built for at most 32 CTAs (docs/te_rules.md, NVTE_MAX_SMS = 32)."""
+TE_NUM_MAX_STREAMS = 3
+"""TE's fixed `_NUM_MAX_UB_STREAMS`: chunk GEMMs rotate over min(3, chunks) compute streams."""
 C_INT = (-(1 << 31), (1 << 31) - 1)
 """What a C ``int`` holds: the bound of a stream priority before the device narrows it (`DeviceLimits`)."""
 
@@ -89,10 +92,6 @@ class Fp8Use(enum.StrEnum):
     """Changes the GEMM itself: TE refuses it for bf16 GEMMs, and no bf16 run is its equivalent."""
 
 
-TE_METHODS = (Method.RING_EXCHANGE, Method.PIPELINE, Method.BULK, Method.EXTERNAL)
-"""Every method TE runs (none is ours: TE switches a slot's overlap off elsewhere)."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Knob:
     """The facts of one knob."""
@@ -105,9 +104,6 @@ class Knob:
     """What it does, for the CLI's ``--help`` and the API's schema."""
     field: bool = True
     """Whether `OverlapConfig` carries it; False for the one TE key that the slot and method imply."""
-    te_methods: frozenset[Method] = frozenset()
-    """The TE methods whose communicator reads it (TE silently ignores it under the others); empty for our
-    knobs and for the keys that pick the communicator (method, is_reduce_scatter)."""
     te_default: bool | int | None = None
     """TE's default where it depends on neither the slot nor the method (`get_default_config`); None where it
     does (`search_spaces.te_dict.te_defaults`) or where the device decides (stream priorities)."""
@@ -115,7 +111,7 @@ class Knob:
     """Our backends where it means something; on the others it must stay unset.  The ``te`` backend takes
     exactly TE's keys (TE picks its own GEMM, streams and transfers), so our runtime's knobs leave it out."""
     overlap_only: bool = True
-    """Meaningless for `Method.NONE`, where nothing overlaps, so it must stay unset there."""
+    """Meaningless for the baseline method, where nothing overlaps, so it must stay unset there."""
     fp8: Fp8Use | None = None
     """Set for the knobs that only mean something for FP8 GEMMs."""
     choices: tuple[str, ...] = ()
@@ -137,8 +133,6 @@ class Knob:
         return self.cli or "--" + self.name.replace("_", "-")
 
 
-_ALL = frozenset(TE_METHODS)
-_COMM = frozenset({Method.RING_EXCHANGE, Method.PIPELINE})
 _CUDA = ("cuda",)
 _GPU = ("cuda", TE)
 _OURS = RUNTIME_BACKENDS
@@ -166,7 +160,6 @@ KNOBS: tuple[Knob, ...] = (
         name="num_sm",
         kind=Kind.COUNT,
         origin=Origin.TE,
-        te_methods=_ALL,
         backends=_GPU,
         bounds=(1, MAX_NUM_SM),
         help="SMs for SM-driven communication (NCCL CTAs); with set_sm_margin also taken from the GEMM.",
@@ -175,7 +168,6 @@ KNOBS: tuple[Knob, ...] = (
         name="cga_size",
         kind=Kind.COUNT,
         origin=Origin.TE,
-        te_methods=_ALL,
         backends=_GPU,
         bounds=(1, MAX_CGA_SIZE),
         help="Cluster size of SM-driven comm kernels (at most num_sm).",
@@ -184,7 +176,6 @@ KNOBS: tuple[Knob, ...] = (
         name="num_splits",
         kind=Kind.COUNT,
         origin=Origin.TE,
-        te_methods=frozenset({Method.PIPELINE}),
         te_default=4,
         bounds=(1, MAX_NUM_SPLITS),
         help="pipeline: chunks along the GEMM's output-feature dim (must divide it); ring_exchange always "
@@ -194,7 +185,6 @@ KNOBS: tuple[Knob, ...] = (
         name="set_sm_margin",
         kind=Kind.FLAG,
         origin=Origin.TE,
-        te_methods=_ALL,
         backends=_GPU,
         cli="--set-sm-margin/--no-sm-margin",
         help="Hold the GEMM to sm_count - num_sm SMs.",
@@ -203,7 +193,6 @@ KNOBS: tuple[Knob, ...] = (
         name="aggregate",
         kind=Kind.FLAG,
         origin=Origin.TE,
-        te_methods=frozenset({Method.RING_EXCHANGE}),
         te_default=False,
         help="ring_exchange all-gather: two chunks per step (even tp >= 4; on CUDA the send/recv ring, use_ce=false).",
     ),
@@ -211,7 +200,6 @@ KNOBS: tuple[Knob, ...] = (
         name="use_ce",
         kind=Kind.FLAG,
         origin=Origin.TE,
-        te_methods=frozenset({Method.RING_EXCHANGE}),
         te_default=True,
         cli="--use-ce/--no-ce",
         help="ring_exchange (default true; on cpu false, gloo's send/recv ring) and bulk (default false): "
@@ -222,7 +210,6 @@ KNOBS: tuple[Knob, ...] = (
         name="fp8_buf",
         kind=Kind.FLAG,
         origin=Origin.TE,
-        te_methods=_ALL,
         fp8=Fp8Use.BUFFER,
         help="FP8 GEMMs: an FP8 communication buffer (TE always gives all-gathers one and honours the knob for "
         "pipeline only).",
@@ -231,7 +218,6 @@ KNOBS: tuple[Knob, ...] = (
         name="atomic_gemm",
         kind=Kind.FLAG,
         origin=Origin.TE,
-        te_methods=_COMM,
         te_default=False,
         backends=_GPU,
         fp8=Fp8Use.GEMM,
@@ -242,7 +228,6 @@ KNOBS: tuple[Knob, ...] = (
         name="pipeline_rs_overlap_first_gemm",
         kind=Kind.FLAG,
         origin=Origin.TE,
-        te_methods=frozenset({Method.PIPELINE}),
         te_default=False,
         help="pipeline: launch GEMM chunk i+1 before the reduce-scatter of chunk i.",
     ),
@@ -250,7 +235,6 @@ KNOBS: tuple[Knob, ...] = (
         name="comm_priority",
         kind=Kind.INTEGER,
         origin=Origin.TE,
-        te_methods=_ALL,
         backends=_GPU,
         bounds=C_INT,
         help="CUDA stream priority of the comm stream, within the device's range (lower is more urgent; TE: "
@@ -260,7 +244,6 @@ KNOBS: tuple[Knob, ...] = (
         name="gemm_priority",
         kind=Kind.INTEGER,
         origin=Origin.TE,
-        te_methods=_ALL,
         backends=_GPU,
         bounds=C_INT,
         help="CUDA stream priority of the GEMM streams, within the device's range (TE: the least urgent).",
@@ -302,8 +285,3 @@ TE_KEYS = tuple(knob.name for knob in KNOBS if knob.origin == Origin.TE)
 """Every key TE's `add_ub` accepts, in the order NVIDIA's files write them."""
 RUNTIME_ONLY_KNOBS = tuple(knob.name for knob in CONFIG_KNOBS if knob.origin == Origin.RUNTIME)
 """OverlapConfig fields that TE has no key for."""
-
-
-def te_used(method: Method) -> tuple[str, ...]:
-    """The keys TE's communicator for ``method`` reads, in `TE_KEYS` order."""
-    return tuple(knob.name for knob in KNOBS if method in knob.te_methods)

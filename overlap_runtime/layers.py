@@ -35,10 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import NO_OVERLAP, OverlapConfig
 from overlap_runtime.shape import EXTERNAL_SLOTS, Slot
 
-NO_OVERLAP = OverlapConfig(method=Method.NONE)
 DEFAULT_WAIT_TIMEOUT_S = 60.0
 """How long a layer's wait for a peer (flag, event, collective) may block before the rank fails: far above any
 one op of a layer, far below "forever"."""

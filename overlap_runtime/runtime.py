@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from overlap_runtime.config import DeviceLimits, OverlapConfig, check_config, fp8_misfit, problem
+from overlap_runtime.config import DeviceLimits, OverlapConfig, check_config, problem
 from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.group import TPGroup
 from overlap_runtime.knobs import BACKENDS, RUNTIME_BACKENDS, TE
 from overlap_runtime.measurement import BaselineSource, Measurement
-from overlap_runtime.shape import ModelShape, Slot
+from overlap_runtime.shape import ModelShape, Slot, fp8_misfit
 
 
 def available_gpus() -> int:

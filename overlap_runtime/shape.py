@@ -315,3 +315,22 @@ def slot_gemm(shape: ModelShape, slot: Slot, *, rs_dgrad: bool = False) -> SlotG
         tp=shape.tp,
         dtype=shape.dtype,
     )
+
+
+FP8_ALIGN = 16
+"""FP8 GEMMs need K and N multiples of 16: ``torch._scaled_mm``'s rule (and 16-byte rows for TMA)."""
+
+
+def splits_fit(gemm: SlotGemm, splits: int) -> bool:
+    """Whether ``gemm``'s output width splits into ``splits`` equal chunks that its dtype can run: FP8 chunks
+    keep the width's multiple of `FP8_ALIGN` (a width without one is the shape's problem, `fp8_misfit`)."""
+    if gemm.n % splits:
+        return False
+    return gemm.dtype != "fp8" or gemm.n % FP8_ALIGN != 0 or gemm.n // splits % FP8_ALIGN == 0
+
+
+def fp8_misfit(gemm: SlotGemm) -> str | None:
+    """Why an FP8 GEMM of these dims cannot run (K or N not a multiple of `FP8_ALIGN`); None when it can."""
+    if gemm.dtype != "fp8" or (gemm.k % FP8_ALIGN == 0 and gemm.n % FP8_ALIGN == 0):
+        return None
+    return f"FP8 GEMMs need K and N multiples of {FP8_ALIGN} (torch._scaled_mm); {gemm.slot.value} has K={gemm.k}, N={gemm.n}"

@@ -6,7 +6,8 @@ translation it runs, as pure functions (no torch, no TE), so that it is tested e
 - `ub_entry` / `config_of`: an `OverlapConfig` and the ``ub_cfgs`` entry TE gets for it, both ways.  A knob
   left unset stays out of the entry, so TE fills in its own default (docs/te_rules.md, The default ub_cfgs
   values); a flag is always written, since our config's False is an answer (no SM margin), not "unset".
-  Only the keys the method's communicator reads go in (`knobs.te_used`); the FP8 keys stay out (bf16 GEMMs).
+  Only the keys the method's communicator reads go in (`MethodSpec.te_keys`); the FP8 keys stay out (bf16
+  GEMMs).
 - `ub_init`: the arguments of ``initialize_ub(shape, tp_size, use_fp8, dtype, ub_cfgs, bootstrap_backend)``.
 - `te_linear` / `local_linear`: the ``te.Linear`` that runs the slot on the TP group (column-parallel for
   qkv and fc1, row-parallel for proj and fc2, sequence parallel, the slot's userbuffers flag), and the one
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from overlap_runtime.config import Method, OverlapConfig, uses_rs_dgrad
+from overlap_runtime.config import OverlapConfig, uses_rs_dgrad
 from overlap_runtime.errors import ConfigError
-from overlap_runtime.knobs import BY_NAME, TE_METHODS, te_used
+from overlap_runtime.knobs import BY_NAME, TE_KEYS, Method
+from overlap_runtime.methods import method_spec
 from overlap_runtime.shape import ModelShape, Slot
 
 TE_ENV: Mapping[str, str] = MappingProxyType(
@@ -94,11 +96,13 @@ UB_FLAGS = ("ub_overlap_ag", "ub_overlap_rs", RS_DGRAD_FLAG, "ub_bulk_dgrad", "u
 
 def ub_entry(config: OverlapConfig) -> dict[str, Any]:
     """The ``ub_cfgs`` entry TE runs for ``config`` (module docstring); ConfigError for a method TE lacks."""
-    method = _te_method(config)
-    entry: dict[str, Any] = {"method": method.value}
-    for key in te_used(method):
-        value = getattr(config, key)
-        if key not in _LEFT_OUT and value is not None:
+    spec = method_spec(config.method)
+    if not spec.te:
+        raise ConfigError("method", f"{config.method.value} is not a TE method (it runs without userbuffers)")
+    entry: dict[str, Any] = {"method": config.method.value}
+    for key in TE_KEYS:
+        value = getattr(config, key, None)  # "method" and "is_reduce_scatter" are no spec's te_keys
+        if key in spec.te_keys and key not in _LEFT_OUT and value is not None:
             entry[key] = value
     return entry
 
@@ -110,8 +114,8 @@ def config_of(entry: Mapping[str, Any]) -> OverlapConfig:
 
 def ub_cfgs(slot: Slot, config: OverlapConfig) -> dict[str, dict[str, Any]] | None:
     """``initialize_ub``'s ``ub_cfgs``: the slot's entry alone (TE gives every other slot its default); None
-    for method none, which runs without userbuffers."""
-    if config.method == Method.NONE:
+    for the baseline, which runs without userbuffers."""
+    if not config.overlaps:
         return None
     return {Slot(slot).value: ub_entry(config)}
 
@@ -206,10 +210,10 @@ def _module(slot: Slot) -> _Module:
 
 
 def te_linear(shape: ModelShape, slot: Slot, method: Method) -> LinearCall:
-    """The TP module that runs ``slot`` under ``method``; method none: the same module without userbuffers."""
+    """The TP module that runs ``slot`` under ``method``; the baseline: the same module without userbuffers."""
     module = _module(slot)
     flags: tuple[str, ...] = ()
-    if method != Method.NONE:
+    if method_spec(method).overlaps:
         flags = (RS_DGRAD_FLAG if uses_rs_dgrad(Slot(slot), Method(method)) else module.flag,)
     inp, out = _features(shape, module.ub_name)
     t, p = shape.tokens, shape.tp
@@ -249,12 +253,6 @@ def local_linear(shape: ModelShape, slot: Slot) -> LinearCall:
     )
 
 
-def _te_method(config: OverlapConfig) -> Method:
-    if config.method not in TE_METHODS:
-        raise ConfigError("method", f"{config.method.value} is not a TE method (it runs without userbuffers)")
-    return config.method
-
-
 DEFAULT_HEAD_DIM = 128
 """Head width of a layer whose shape names no head count (Llama's and GPT's)."""
 
@@ -269,7 +267,7 @@ def layer_kwargs(
     ``ub_*`` arguments instead (a consumer's switches, `search_spaces.consumers.layer_arguments`)."""
     heads = shape.num_heads or shape.hidden // DEFAULT_HEAD_DIM
     rs_dgrad = any(
-        Slot(name) in (Slot.QKV_DGRAD, Slot.FC1_DGRAD) and entry.get("method", "bulk") != Method.BULK.value
+        "method" in entry and uses_rs_dgrad(Slot(name), Method(entry["method"]))
         for name, entry in (ub_cfgs or {}).items()
     )
     overlap = ub_cfgs is not None

@@ -36,11 +36,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from overlap_runtime.config import Method, OverlapConfig, check_config, problem
+from overlap_runtime.config import OverlapConfig, check_config, problem
 from overlap_runtime.errors import InputError
 from overlap_runtime.group import RankContext, TPGroup
 from overlap_runtime.knobs import TE
 from overlap_runtime.measurement import REL_ERR_LIMIT, Baselines, BaselineSource, Measurement
+from overlap_runtime.methods import BASELINE
 from overlap_runtime.runtime import Runtime
 from overlap_runtime.shape import Collective, ModelShape, Slot, SlotGemm
 from overlap_runtime.te_args import (
@@ -315,7 +316,7 @@ def _problem(ctx: RankContext, held: _Slot, gemm: SlotGemm) -> _Problem:
     return _Problem(
         gemm=held.calls_of(ctx, local_linear(held.shape, held.slot)),
         comm=_Collective(collective=gemm.collective, sets=sets),
-        serial=held.calls_of(ctx, te_linear(held.shape, held.slot, Method.NONE)),
+        serial=held.calls_of(ctx, te_linear(held.shape, held.slot, BASELINE)),
         timed={name: Timed() for name in ("gemm", "comm", "serial")},
     )
 
@@ -358,7 +359,7 @@ def te_measure_task(
         candidates.append(
             _Candidate(config=config, gemm=gemm, calls=calls, cfgs=ub_cfgs(Slot(slot), config), timed=Timed())
         )
-    reference = held.calls_of(ctx, te_linear(shape, Slot(slot), Method.NONE))
+    reference = held.calls_of(ctx, te_linear(shape, Slot(slot), BASELINE))
     for c in candidates:
         c.ub_ms += ub.ensure(shape, c.cfgs)
         c.rel_err = _check_numerics(dev, c.calls, reference)

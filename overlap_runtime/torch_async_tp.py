@@ -17,24 +17,28 @@ from typing import Any
 
 import torch
 
-from overlap_runtime.config import Method, problem
 from overlap_runtime.group import RankContext
 from overlap_runtime.harness import device_of, make_operands, time_region
-from overlap_runtime.methods import serial
-from overlap_runtime.shape import Collective, ModelShape, Slot
+from overlap_runtime.methods.common import serial
+from overlap_runtime.shape import RS_DGRAD_SLOTS, Collective, ModelShape, Slot, SlotGemm, slot_gemm
 from overlap_runtime.tp_linear import ColumnParallelLinear, RowParallelLinear
 from overlap_runtime.uncertainty import spread
 
 
 def has_fused_op(shape: ModelShape, slot: Slot) -> bool:
-    """Whether the slot's collective feeds or drains its GEMM (under a ring exchange), as the fused ops need."""
-    return problem(shape, slot, Method.RING_EXCHANGE).coupled
+    """Whether the slot's collective feeds or drains its GEMM (RS-dgrad for a dgrad slot), as the fused ops need."""
+    return _coupled(shape, slot).coupled
+
+
+def _coupled(shape: ModelShape, slot: Slot) -> SlotGemm:
+    """The slot's GEMM with the collective coupled to it where TE can couple one (RS-dgrad)."""
+    return slot_gemm(shape, slot, rs_dgrad=Slot(slot) in RS_DGRAD_SLOTS)
 
 
 def fused_task(ctx: RankContext, shape: ModelShape, slot: Slot, *, repeats: int = 20, warmup: int = 5) -> dict:
     """Time the fused op for ``slot`` and check it against the serial reference: {"ms", "cv", "rel_err"}."""
     dev = device_of(ctx)
-    gemm = problem(shape, slot, Method.RING_EXCHANGE)
+    gemm = _coupled(shape, slot)
     ops, sets = make_operands(dev, gemm, seed=0)
     name = dev.pg.group_name
 

@@ -22,7 +22,7 @@ from overlap_runtime.device import CudaDevice, Device
 from overlap_runtime.emulation import HostDevice
 from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.layers import COLUMN_LAYERS, DEFAULT_WAIT_TIMEOUT_S, NO_OVERLAP, ROW_LAYERS, LinearOverlap
-from overlap_runtime.methods import BULK_GATHERED, Operands, Plan, run
+from overlap_runtime.methods.common import BULK_GATHERED, Operands, Plan, run
 from overlap_runtime.shape import Collective, Slot, SlotGemm
 from overlap_runtime.watchdog import Watchdog
 
@@ -280,7 +280,7 @@ class _ColumnFn(torch.autograd.Function):
             dx_full = torch.empty(tokens, x.shape[1], dtype=x.dtype, device=x.device)
             ops = c.operands(dgrad.gemm, dy, weight, dx_full)
             ops.x = x
-            if dgrad.plan.method == Method.BULK and dgrad.plan.use_ce:
+            if dgrad.plan.use_ce:  # the copy-engine bulk all-gather pushes straight into y's peer buffer
                 ops.y = ops.peer_buffer(c.dev, BULK_GATHERED, (tokens, x.shape[1]), x.dtype).local
             else:
                 ops.y = ops.buffer("x_gathered", (tokens, x.shape[1]), x.dtype)

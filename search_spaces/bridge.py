@@ -31,11 +31,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import OverlapConfig
 from overlap_runtime.knobs import BY_NAME
+from overlap_runtime.methods import TE_METHODS, method_spec
 from overlap_runtime.shape import Slot
-from search_spaces.catalog import PL, SLOT_ORDER
+from search_spaces.catalog import SLOT_ORDER
 from search_spaces.consumers import Consumer, defaults, parse_switch_record
+from search_spaces.methods import SEARCH_SPECS, search_spec
+from search_spaces.methods.spec import ENTRY, CfgClass
 from search_spaces.nemo_yaml import consumer_header, note_comment, read_text, shape_from_name
 from search_spaces.presets import Preset, PresetError, PresetWarning, to_slot
 from search_spaces.te_dict import parse_entry, te_defaults, used_keys
@@ -54,20 +57,7 @@ UNNAMED = "userbuffers_preset"
 """The variable of a preset whose shape is unknown (its name then says nothing, as it reads back)."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CfgClass:
-    """One dataclass of a Bridge module: its base class and its own fields with their defaults."""
-
-    name: str
-    base: str | None
-    fields: Mapping[str, Any]
-    """Own fields in order, each to its default; `dataclasses.MISSING` for a required one."""
-    doc: str = ""
-    """The docstring of a class we define in a module."""
-
-
 LAYER = "TransformerLayerTPOverlapCfg"
-ENTRY = "TPOverlapCfg"
 _LAYER_SLOTS = tuple(slot for slot in SLOT_ORDER if slot not in (Slot.PROJ_WGRAD, Slot.FC2_WGRAD))
 _SLOT_NAMES = frozenset(slot.value for slot in Slot)
 
@@ -76,50 +66,13 @@ BRIDGE_CLASSES: Mapping[str, CfgClass] = MappingProxyType(
         c.name: c
         for c in (
             CfgClass(name=ENTRY, base=None, fields={}),
-            CfgClass(
-                name="PipelineOverlapCfg",
-                base=ENTRY,
-                fields={
-                    "num_sm": MISSING,
-                    "cga_size": MISSING,
-                    "num_splits": MISSING,
-                    "set_sm_margin": MISSING,
-                    "fp8_buf": (False,),  # sic: Bridge's default, a truthy tuple
-                    "atomic_gemm": False,
-                    "method": "pipeline",
-                },
-            ),
-            CfgClass(
-                name="RingExchangeOverlapCfg",
-                base=ENTRY,
-                fields={
-                    "aggregate": False,
-                    "method": "ring_exchange",
-                    "num_sm": 1,
-                    "cga_size": 1,
-                    "set_sm_margin": False,
-                    "fp8_buf": False,
-                    "atomic_gemm": False,
-                },
-            ),
-            CfgClass(
-                name="BulkOverlapCfg",
-                base=ENTRY,
-                fields={"num_sm": MISSING, "cga_size": MISSING, "set_sm_margin": MISSING, "method": "bulk"},
-            ),
+            *(spec.bridge for spec in SEARCH_SPECS.values() if spec.bridge is not None and spec.bridge_defines),
             CfgClass(name=LAYER, base=None, fields=dict.fromkeys((s.value for s in _LAYER_SLOTS), MISSING)),
         )
     }
 )
 """Bridge's classes as `comm_overlap.py` defines them (NeMo 2 defines the same)."""
 
-EXTERNAL_CLASS = CfgClass(
-    name="ExternalOverlapCfg",
-    base=ENTRY,
-    fields={"num_sm": MISSING, "cga_size": MISSING, "set_sm_margin": MISSING, "method": "external"},
-    doc="TE's external method (the MXFP8 wgrad all-gather), which Bridge has no class for.",
-)
-"""Ours, defined in the module when a preset has an external wgrad slot (Bridge has no class for it)."""
 EXTERNAL_LAYER = CfgClass(
     name="TransformerLayerTPOverlapCfgWithExternal",
     base=LAYER,
@@ -127,13 +80,6 @@ EXTERNAL_LAYER = CfgClass(
     doc=f"{LAYER} with the external wgrad slots it lacks (None: left out).",
 )
 """Ours, for the external wgrad slots that `TransformerLayerTPOverlapCfg` lacks (None: left out)."""
-
-_METHOD_CLASS = {
-    Method.RING_EXCHANGE: BRIDGE_CLASSES["RingExchangeOverlapCfg"],
-    Method.PIPELINE: BRIDGE_CLASSES["PipelineOverlapCfg"],
-    Method.BULK: BRIDGE_CLASSES["BulkOverlapCfg"],
-    Method.EXTERNAL: EXTERNAL_CLASS,
-}
 
 
 def all_fields(name: str, classes: Mapping[str, CfgClass]) -> dict[str, Any]:
@@ -171,7 +117,8 @@ class _Entry:
 
 
 def _entry(slot: Slot, config: OverlapConfig) -> _Entry:
-    base = _METHOD_CLASS[config.method]
+    base = search_spec(config.method).bridge
+    assert base is not None, f"{config.method.value} has no Bridge class (a preset holds TE's methods only)"
     fields = all_fields(base.name, {**BRIDGE_CLASSES, base.name: base})
     values: dict[str, Any] = {}
     for name, default in fields.items():
@@ -200,7 +147,9 @@ def write_bridge(preset: Preset) -> str:
     entries = {slot: _entry(slot, config) for slot, config in preset.configs.items()}
     external = any(slot not in _LAYER_SLOTS for slot in entries)
     layer = EXTERNAL_LAYER if external else BRIDGE_CLASSES[LAYER]
-    ours = [EXTERNAL_CLASS] if external else []  # bases before the subclasses of them
+    methods = {config.method for config in preset.configs.values()}
+    # bases before the subclasses of them: the methods' classes that Bridge lacks first
+    ours = [s.bridge for m, s in SEARCH_SPECS.items() if m in methods and s.bridge and not s.bridge_defines]
     ours += [entry.cls for entry in entries.values()] + [layer]
     defined = {cls.name: cls for cls in ours if cls.name not in BRIDGE_CLASSES}
     bases = (cls.base for cls in defined.values() if cls.base is not None)
@@ -426,9 +375,10 @@ def _slot_entry(slot: Slot, call: ast.Call, classes: Mapping[str, CfgClass]) -> 
 
 def _te_reads(slot: Slot, method: object, key: str) -> bool:
     """Whether a field left at its class default changes what TE runs: a key the method reads (fp8_buf only
-    for pipeline: TE sets it itself for the others).  asdict passes the rest too, and TE ignores them."""
-    if method not in {m.value for m in Method} or method == Method.NONE:
+    for the methods that take it, pipeline: TE sets it itself for the others).  asdict passes the rest too,
+    and TE ignores them."""
+    if not isinstance(method, str) or method not in TE_METHODS:
         return False  # parse_entry names the bad method
     if key == "fp8_buf":
-        return method == PL
-    return key in used_keys(slot, Method(method))
+        return key in method_spec(method).takes
+    return key in used_keys(slot, method_spec(method).method)

@@ -5,20 +5,22 @@ ring_exchange (TE raises for pipeline, bulk fails at the first GEMM); proj_fprop
 or ring_exchange; qkv_wgrad / fc1_wgrad are bulk only; qkv_dgrad / fc1_dgrad are bulk, or switch to a
 reduce-scatter of their output under ring_exchange / pipeline ("RS-dgrad"), and TE then refuses an entry for
 the matching wgrad slot; proj_wgrad / fc2_wgrad are TE's MXFP8-only `external` path and are not tuned.
-`Method.NONE` (no overlap) is our baseline and is searched in every tuned slot.
+Which methods TE runs on a slot, and its default there, are the methods' facts (`SearchSpec.te_slots`,
+``te_default_slots``); the no-overlap baseline is searched in every tuned slot.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from overlap_runtime.config import Method, uses_rs_dgrad
 from overlap_runtime.errors import InputError
+from overlap_runtime.methods import BASELINE
 from overlap_runtime.shape import EXTERNAL_SLOTS, Collective, ModelShape, Slot
+from search_spaces.methods import SEARCH_SPECS, search_spec
 
-RX, PL, BK, EXT = Method.RING_EXCHANGE, Method.PIPELINE, Method.BULK, Method.EXTERNAL
 AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
 
 _AG_OFF = "--disable-tp-comm-overlap-ag (Megatron; turns off every all-gather overlap: qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad)"
@@ -36,32 +38,38 @@ class SlotInfo:
     slot: Slot
     collective: Collective
     """The collective under the slot's default method (qkv/fc1_dgrad reduce-scatter under RS-dgrad)."""
-    default_method: Method
-    """What TE runs when ub_cfgs leaves the slot out."""
-    te_methods: tuple[Method, ...]
-    """Methods TE accepts for the slot, default first."""
     tuned: bool
     """Whether a tuning job searches it by default (all but the external wgrad slots)."""
     off_switch: str
     """The Megatron flag or config field that turns this slot's overlap off."""
     te_switch: str
     """The same for code that builds TE modules itself: the module argument to clear."""
+    default_method: Method = field(init=False)
+    """What TE runs when ub_cfgs leaves the slot out."""
+    te_methods: tuple[Method, ...] = field(init=False)
+    """Methods TE accepts for the slot, default first."""
+
+    def __post_init__(self) -> None:
+        default = next(m for m, spec in SEARCH_SPECS.items() if self.slot in spec.te_default_slots)
+        others = (m for m, spec in SEARCH_SPECS.items() if self.slot in spec.te_slots and m != default)
+        object.__setattr__(self, "default_method", default)
+        object.__setattr__(self, "te_methods", (default, *others))
 
 
 CATALOG: tuple[SlotInfo, ...] = (
     # Ordered as NVIDIA's preset files list the slots.
-    SlotInfo(slot=Slot.QKV_DGRAD, collective=AG, default_method=BK, te_methods=(BK, RX, PL), tuned=True, off_switch=_BULK_DGRAD_OFF, te_switch="ub_bulk_dgrad=False on the qkv LayerNormLinear"),
-    SlotInfo(slot=Slot.QKV_WGRAD, collective=RS, default_method=BK, te_methods=(BK,), tuned=True, off_switch=_BULK_WGRAD_OFF, te_switch="ub_bulk_wgrad=False on the qkv LayerNormLinear"),
-    SlotInfo(slot=Slot.FC1_DGRAD, collective=AG, default_method=BK, te_methods=(BK, RX, PL), tuned=True, off_switch=_BULK_DGRAD_OFF, te_switch="ub_bulk_dgrad=False on LayerNormMLP"),
-    SlotInfo(slot=Slot.FC1_WGRAD, collective=RS, default_method=BK, te_methods=(BK,), tuned=True, off_switch=_BULK_WGRAD_OFF, te_switch="ub_bulk_wgrad=False on LayerNormMLP"),
-    SlotInfo(slot=Slot.QKV_FPROP, collective=AG, default_method=RX, te_methods=(RX,), tuned=True, off_switch="tp_comm_overlap_disable_qkv=True (Megatron TransformerConfig field, no CLI flag)", te_switch="ub_overlap_ag=False on the qkv LayerNormLinear"),
-    SlotInfo(slot=Slot.PROJ_DGRAD, collective=AG, default_method=RX, te_methods=(RX,), tuned=True, off_switch=_AG_OFF, te_switch="ub_overlap_ag=False on the proj Linear"),
-    SlotInfo(slot=Slot.FC1_FPROP, collective=AG, default_method=RX, te_methods=(RX,), tuned=True, off_switch="tp_comm_overlap_disable_fc1=True (Megatron TransformerConfig field, no CLI flag)", te_switch="ub_overlap_ag=False on LayerNormMLP (fc1_fprop and fc2_dgrad)"),
-    SlotInfo(slot=Slot.FC2_DGRAD, collective=AG, default_method=RX, te_methods=(RX,), tuned=True, off_switch=_AG_OFF, te_switch="ub_overlap_ag=False on LayerNormMLP (fc1_fprop and fc2_dgrad)"),
-    SlotInfo(slot=Slot.PROJ_FPROP, collective=RS, default_method=PL, te_methods=(PL, RX), tuned=True, off_switch=_RS_OFF, te_switch="ub_overlap_rs=False on the proj Linear"),
-    SlotInfo(slot=Slot.FC2_FPROP, collective=RS, default_method=PL, te_methods=(PL, RX), tuned=True, off_switch=_RS_OFF, te_switch="ub_overlap_rs=False on LayerNormMLP"),
-    SlotInfo(slot=Slot.PROJ_WGRAD, collective=AG, default_method=EXT, te_methods=(EXT,), tuned=False, off_switch=_EXTERNAL_OFF, te_switch="nothing (MXFP8 only)"),
-    SlotInfo(slot=Slot.FC2_WGRAD, collective=AG, default_method=EXT, te_methods=(EXT,), tuned=False, off_switch=_EXTERNAL_OFF, te_switch="nothing (MXFP8 only)"),
+    SlotInfo(slot=Slot.QKV_DGRAD, collective=AG, tuned=True, off_switch=_BULK_DGRAD_OFF, te_switch="ub_bulk_dgrad=False on the qkv LayerNormLinear"),
+    SlotInfo(slot=Slot.QKV_WGRAD, collective=RS, tuned=True, off_switch=_BULK_WGRAD_OFF, te_switch="ub_bulk_wgrad=False on the qkv LayerNormLinear"),
+    SlotInfo(slot=Slot.FC1_DGRAD, collective=AG, tuned=True, off_switch=_BULK_DGRAD_OFF, te_switch="ub_bulk_dgrad=False on LayerNormMLP"),
+    SlotInfo(slot=Slot.FC1_WGRAD, collective=RS, tuned=True, off_switch=_BULK_WGRAD_OFF, te_switch="ub_bulk_wgrad=False on LayerNormMLP"),
+    SlotInfo(slot=Slot.QKV_FPROP, collective=AG, tuned=True, off_switch="tp_comm_overlap_disable_qkv=True (Megatron TransformerConfig field, no CLI flag)", te_switch="ub_overlap_ag=False on the qkv LayerNormLinear"),
+    SlotInfo(slot=Slot.PROJ_DGRAD, collective=AG, tuned=True, off_switch=_AG_OFF, te_switch="ub_overlap_ag=False on the proj Linear"),
+    SlotInfo(slot=Slot.FC1_FPROP, collective=AG, tuned=True, off_switch="tp_comm_overlap_disable_fc1=True (Megatron TransformerConfig field, no CLI flag)", te_switch="ub_overlap_ag=False on LayerNormMLP (fc1_fprop and fc2_dgrad)"),
+    SlotInfo(slot=Slot.FC2_DGRAD, collective=AG, tuned=True, off_switch=_AG_OFF, te_switch="ub_overlap_ag=False on LayerNormMLP (fc1_fprop and fc2_dgrad)"),
+    SlotInfo(slot=Slot.PROJ_FPROP, collective=RS, tuned=True, off_switch=_RS_OFF, te_switch="ub_overlap_rs=False on the proj Linear"),
+    SlotInfo(slot=Slot.FC2_FPROP, collective=RS, tuned=True, off_switch=_RS_OFF, te_switch="ub_overlap_rs=False on LayerNormMLP"),
+    SlotInfo(slot=Slot.PROJ_WGRAD, collective=AG, tuned=False, off_switch=_EXTERNAL_OFF, te_switch="nothing (MXFP8 only)"),
+    SlotInfo(slot=Slot.FC2_WGRAD, collective=AG, tuned=False, off_switch=_EXTERNAL_OFF, te_switch="nothing (MXFP8 only)"),
 )  # fmt: skip
 
 SLOT_ORDER: tuple[Slot, ...] = tuple(info.slot for info in CATALOG)
@@ -88,8 +96,9 @@ def collective(slot: Slot, method: Method) -> Collective:
 
 
 def search_methods(slot: Slot) -> tuple[Method, ...]:
-    """Methods a tuning job tries for ``slot``: the no-overlap baseline first, then TE's legal methods."""
-    return (Method.NONE, *(m for m in slot_info(slot).te_methods if m != EXT))
+    """Methods a tuning job tries for ``slot``: the no-overlap baseline first, then TE's legal methods that are
+    searched (not TE's external path)."""
+    return (BASELINE, *(m for m in slot_info(slot).te_methods if search_spec(m).tree is not None))
 
 
 def off_switch(slot: Slot, method: Method) -> str:

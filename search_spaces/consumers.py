@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from overlap_runtime.config import Method, OverlapConfig, uses_rs_dgrad
+from overlap_runtime.config import OverlapConfig, uses_rs_dgrad
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import Slot
@@ -121,7 +121,8 @@ def entry_mode(slot: Slot, config: OverlapConfig) -> Mode:
     bulk slots, the slot's own overlap otherwise."""
     if uses_rs_dgrad(slot, config.method):
         return Mode.RS_DGRAD
-    return Mode.BULK if config.method == Method.BULK else Mode.OVERLAP
+    bulk = {_slot(module, gemm) for module in COLUMN for gemm in ("dgrad", "wgrad")}
+    return Mode.BULK if Slot(slot) in bulk else Mode.OVERLAP
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

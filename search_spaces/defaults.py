@@ -1,13 +1,9 @@
 """TE's behaviour as configs our runtime can score: TE's per-slot defaults, and any TE entry (e.g. a preset's).
 
 A TE entry (`te_dict.effective`) says what TE would run; the runtime wants each knob either meaningful or
-unset (`check_config`).  `as_runnable` maps one to the other:
+unset (`check_config`).  `as_runnable` maps one to the other, with what is particular to a method in its
+spec (`SearchSpec.runnable`: a copy-engine ring's unused SMs, bulk's SM kernels):
 
-- ring_exchange with copy engines (use_ce): TE's num_sm / cga_size only size an SM copy kernel it does not
-  launch, so they go, unless set_sm_margin keeps num_sm SMs off the GEMM (then num_sm stays); TE's
-  cluster size 1 is "no clusters", the runtime's default.  ``aggregate`` goes too: our copy-engine
-  all-gather pushes each shard straight to every peer, so TE's pairs of ring steps have no counterpart
-  there and the nearest runnable config is that all-gather (also at tp=2, where TE runs one pair).
 - ``fp8_buf`` stays where TE honours it, a pipeline of an fp8 shape; elsewhere it goes: TE's merge rule sets
   it on every all-gather, whose FP8 data the runtime always moves at FP8, and a bf16 run ignores it as TE does.
 - ``atomic_gemm`` (FP8 only) has no runnable counterpart: TE's atomic GEMM needs cuBLAS >= 12.2 and < 13.0.
@@ -15,8 +11,8 @@ unset (`check_config`).  `as_runnable` maps one to the other:
   `substitutions` says so; at bf16 TE refuses it, and so does the runtime.
 - TE always rotates chunk GEMMs over min(3, chunks) streams and runs cuBLAS: ``num_max_streams`` and
   ``gemm`` say so explicitly on cuda.
-- On te the entry is what runs, as TE's keys: a copy-engine ring's num_sm / cga_size go as above (they size
-  a kernel TE does not launch), its ``aggregate`` stays (TE pairs ring steps over the copy engine too).
+- On te the entry is what runs, as TE's keys: only what our config cannot say unset goes (a copy-engine
+  ring's num_sm / cga_size, which size a kernel TE does not launch).
 - On cpu only the knobs that mean something there survive (`overlap_runtime.knobs.Knob.backends`), and not
   use_ce: TE's ring runs as gloo's send/recv ring there; the CPU's emulated copy engine is for tests of its
   protocol, which ask for it by name.
@@ -29,18 +25,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from overlap_runtime.config import (
-    ATOMIC_GEMM_RULE,
-    DeviceLimits,
-    Method,
-    OverlapConfig,
-    check_config,
-    problem,
-    splits_fit,
-)
+from overlap_runtime.config import ATOMIC_GEMM_RULE, DeviceLimits, OverlapConfig, check_config, problem
 from overlap_runtime.knobs import CONFIG_KNOBS, TE, Fp8Use, Origin
-from overlap_runtime.shape import ModelShape, Slot, SlotGemm
+from overlap_runtime.methods import method_spec
+from overlap_runtime.shape import ModelShape, Slot, SlotGemm, splits_fit
 from search_spaces.catalog import slot_info
+from search_spaces.methods import search_spec
 from search_spaces.space import sm_choices
 from search_spaces.te_dict import te_defaults, te_streams
 
@@ -50,8 +40,10 @@ def _carried(backend: str, gemm: SlotGemm, entry: OverlapConfig) -> tuple[str, .
     buffer outside an fp8 pipeline, an atomic GEMM at FP8 (`substitutions`), and use_ce on cpu (see the module
     docstring)."""
     dropped = {"method"} | ({"use_ce"} if backend == "cpu" else set())
-    if not (gemm.dtype == "fp8" and entry.method == Method.PIPELINE):
-        dropped |= {k.name for k in CONFIG_KNOBS if k.fp8 == Fp8Use.BUFFER}
+    takes = method_spec(entry.method).takes
+    dropped |= {
+        k.name for k in CONFIG_KNOBS if k.fp8 == Fp8Use.BUFFER and not (gemm.dtype == "fp8" and k.name in takes)
+    }
     if gemm.dtype == "fp8":
         dropped |= {k.name for k in CONFIG_KNOBS if k.fp8 == Fp8Use.GEMM}
     return tuple(
@@ -84,9 +76,8 @@ def te_default(shape: ModelShape, slot: Slot, *, backend: str, limits: DeviceLim
     if "num_splits" in entry:
         gemm = problem(shape, slot, method)
         entry["num_splits"] = max((n for n in range(1, entry["num_splits"] + 1) if splits_fit(gemm, n)), default=1)
-    if method != Method.RING_EXCHANGE:
-        entry["num_sm"] = max(n for n in sm_choices(limits) if n <= entry["num_sm"])
-        entry["cga_size"] = min(entry["cga_size"], entry["num_sm"])
+    entry["num_sm"] = max(n for n in sm_choices(limits) if n <= entry["num_sm"])
+    entry["cga_size"] = min(entry["cga_size"], entry["num_sm"])
     return as_runnable(shape, slot, OverlapConfig(method=method, **entry), backend=backend, limits=limits)
 
 
@@ -103,26 +94,8 @@ def as_runnable(
     slot = Slot(slot)
     gemm = problem(shape, slot, entry.method)
     config = OverlapConfig(method=entry.method, **{k: getattr(entry, k) for k in _carried(backend, gemm, entry)})
-    if backend == TE:
-        # TE runs the entry itself: only what our config cannot say unset (a CE ring's unused num_sm) goes.
-        if entry.method == Method.RING_EXCHANGE:
-            config = replace(_ring_exchange(config), aggregate=config.aggregate)
-    elif backend != "cpu":
+    if backend not in (TE, "cpu"):
         config = replace(config, num_max_streams=te_streams(entry, gemm.tp), gemm="cublas")
-        if entry.method == Method.RING_EXCHANGE:
-            config = _ring_exchange(config)
-        elif entry.method == Method.BULK:
-            # TE's bulk is always SM-driven (CommOverlapBase hard-codes use_ce=false); ours can use the copy engine.
-            config = replace(config, use_ce=False)
+    config = search_spec(entry.method).runnable(config, backend)
     check_config(config, gemm, backend=backend, limits=limits)
     return config
-
-
-def _ring_exchange(config: OverlapConfig) -> OverlapConfig:
-    sm_copies = config.use_ce is False
-    return replace(
-        config,
-        num_sm=config.num_sm if sm_copies or config.set_sm_margin else None,
-        cga_size=config.cga_size if sm_copies and config.cga_size != 1 else None,
-        aggregate=config.aggregate and sm_copies,
-    )

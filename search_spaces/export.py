@@ -7,7 +7,7 @@ overall winner and says so first.  The overall winner, our runtime's, is exporte
 (`search_spaces.ours`).
 
 NeMo/Megatron YAML and TE's ub_cfgs cannot switch one slot off (a slot left out gets TE's defaults, which
-overlap).  So when no overlap (`Method.NONE`) wins a slot, the preset still carries the slot's best overlap
+overlap).  So when no overlap (the baseline, none) wins a slot, the preset still carries the slot's best overlap
 config, and its note says that no overlap was faster, by how much, and which switch turns that overlap
 off.  When a dgrad slot wins with a reduce-scatter dgrad (ring_exchange / pipeline), TE refuses an entry
 for its wgrad slot, so that slot is dropped with a note.
@@ -51,7 +51,7 @@ class SlotResult:
     TE runs exactly as measured."""
 
     best: OverlapConfig
-    """The fastest valid config, `Method.NONE` included."""
+    """The fastest valid config, no overlap included."""
     best_ms: float
     best_overlap: OverlapConfig | None = None
     """The fastest valid config that overlaps (what the preset carries when none wins); may equal best."""
@@ -68,8 +68,9 @@ class SlotResult:
             raise InputError("te_exact_measurement", "must be given with te_exact", self.te_exact_measurement)
         if (self.best_overlap is None) != (self.best_overlap_ms is None):
             raise InputError("best_overlap_ms", "must be given with best_overlap", self.best_overlap_ms)
-        if self.best_overlap is not None and self.best_overlap.method == Method.NONE:
-            raise InputError("best_overlap", "must be a config that overlaps, not none", "none")
+        if self.best_overlap is not None and not self.best_overlap.overlaps:
+            method = self.best_overlap.method.value
+            raise InputError("best_overlap", f"must be a config that overlaps, not {method}", method)
 
 
 def preset_from_results(
@@ -101,7 +102,7 @@ def preset_from_results(
             continue
         _note(notes, slot, NO_TE_EXACT)
         chosen = result.best
-        if chosen.method == Method.NONE:
+        if not chosen.overlaps:
             if result.best_overlap is None or result.best_overlap_ms is None:
                 switch = off_switch(slot, slot_info(slot).default_method)
                 _note(
@@ -255,7 +256,7 @@ def _te_exact_note(slot: Slot, result: SlotResult, config: OverlapConfig, measur
     """The TE-exact winner's numbers, and what beat it: no overlap (with the switch), or our runtime's winner."""
     text = f"TE-exact: {measured_text(measurement)}"
     te_ms = measurement.overlap_ms
-    if result.best.method == Method.NONE and result.best_ms < te_ms:
+    if not result.best.overlaps and result.best_ms < te_ms:
         return f"{text}; {_none_won(slot, config.method, none_ms=result.best_ms, overlap_ms=te_ms)}"
     if result.best != config and result.best_ms < te_ms:
         share = 100.0 * (te_ms - result.best_ms) / te_ms if te_ms > 0 else 0.0

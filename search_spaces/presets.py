@@ -1,7 +1,7 @@
 """A preset: one OverlapConfig per TE slot for one shape and GPU, checked against TE's cross-slot rules.
 
 A preset holds TE's *effective* entries (every key TE would use, with TE's defaults filled in; see
-`te_dict.py`), never `Method.NONE` (TE cannot switch one slot off: docs/export.md) and never our
+`te_dict.py`), never the no-overlap baseline (TE cannot switch one slot off: docs/export.md) and never our
 runtime-only knobs (`overlap_runtime.knobs.RUNTIME_ONLY_KNOBS`), so it converts to NeMo YAML or a TE
 ``ub_cfgs`` dict without loss.  Slots left out take TE's defaults when TE reads the preset.
 """
@@ -17,6 +17,7 @@ from overlap_runtime.config import DEFAULTS, Method, OverlapConfig, uses_rs_dgra
 from overlap_runtime.errors import InputError
 from overlap_runtime.knobs import RUNTIME_ONLY_KNOBS
 from overlap_runtime.measurement import Measurement
+from overlap_runtime.methods import method_spec
 from overlap_runtime.shape import DTYPES, ModelShape, Slot
 from search_spaces.catalog import (
     ATOMIC_PAIRS,
@@ -28,6 +29,7 @@ from search_spaces.catalog import (
     suggest,
 )
 from search_spaces.consumers import Consumer
+from search_spaces.methods import search_spec
 
 
 class PresetError(InputError):
@@ -117,11 +119,12 @@ def to_slot(name: object) -> Slot:
 
 def _check_entry(slot: Slot, config: OverlapConfig) -> None:
     where = slot.value
-    if config.method == Method.NONE:
+    if not method_spec(config.method).te:
         raise PresetError(
             f"{where}.method",
-            "none is not a TE method (TE cannot switch one slot off): carry the best overlap config and say so in a note",
-            "none",
+            f"{config.method.value} is not a TE method (TE cannot switch one slot off): carry the best overlap "
+            "config and say so in a note",
+            config.method.value,
         )
     check_method(slot, config.method)
     for name in RUNTIME_ONLY_KNOBS:
@@ -133,12 +136,9 @@ def check_method(slot: Slot, method: Method) -> None:
     """Raise unless TE runs ``slot`` with ``method`` (docs/te_rules.md, Legal methods per slot)."""
     legal = slot_info(slot).te_methods
     if method not in legal:
-        if method == Method.PIPELINE:
-            rule = (
-                "pipeline overlap is not supported for AllGather (TE raises ValueError); this slot takes ring_exchange"
-            )
-        else:
-            rule = f"TE runs {slot.value} only with {' or '.join(m.value for m in legal)}"
+        names = " or ".join(m.value for m in legal)
+        refusal = search_spec(method).te_refusal
+        rule = f"TE runs {slot.value} only with {names}" if refusal is None else f"{refusal}; this slot takes {names}"
         raise PresetError(f"{slot.value}.method", rule, method.value)
 
 
@@ -152,10 +152,13 @@ def _check_pairs(configs: Mapping[Slot, OverlapConfig], dtype: str | None) -> No
                 "(reduce-scatter dgrad); TE raises ValueError. Leave it out",
             )
     for external, partner in EXTERNAL_PARTNER.items():
-        if external in configs and partner in configs and configs[partner].method != Method.RING_EXCHANGE:
+        if external not in configs or partner not in configs:
+            continue
+        borrows = search_spec(configs[external].method).borrows
+        if borrows is not None and configs[partner].method != borrows:
             raise PresetError(
                 f"{partner.value}.method",
-                f"must be ring_exchange while {external.value} is external",
+                f"must be {borrows.value} while {external.value} is {configs[external].method.value}",
                 configs[partner].method.value,
             )
     for ag, rs in ATOMIC_PAIRS:
@@ -171,4 +174,4 @@ def _check_pairs(configs: Mapping[Slot, OverlapConfig], dtype: str | None) -> No
 
 
 def _atomic_ring(config: OverlapConfig | None) -> bool:
-    return config is not None and config.atomic_gemm and config.method == Method.RING_EXCHANGE
+    return config is not None and config.atomic_gemm and search_spec(config.method).atomic_pairs

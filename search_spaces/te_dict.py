@@ -16,15 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from overlap_runtime.config import DEFAULTS, Method, OverlapConfig
-from overlap_runtime.knobs import BY_NAME, RUNTIME_ONLY_KNOBS, TE_KEYS, TE_MAX_SMS, TE_METHODS, Kind, te_used
+from overlap_runtime.knobs import BY_NAME, RUNTIME_ONLY_KNOBS, TE_KEYS, TE_MAX_SMS, Kind
 from overlap_runtime.measurement import Measurement
+from overlap_runtime.methods import METHODS, TE_METHODS, method_spec
 from overlap_runtime.shape import Slot
-from search_spaces.catalog import AG, PL, RS, RX, collective, slot_info, suggest
+from search_spaces.catalog import AG, RS, collective, slot_info, suggest
 from search_spaces.consumers import rendered
+from search_spaces.methods import search_spec
 from search_spaces.presets import Preset, PresetError, PresetWarning, check_method, to_slot
-
-TE_NUM_MAX_STREAMS = 3
-"""TE's fixed `_NUM_MAX_UB_STREAMS`: chunk GEMMs rotate over min(3, chunks) compute streams."""
 
 _TE_KNOBS = tuple(BY_NAME[key] for key in TE_KEYS)
 FLAG_KEYS = frozenset(k.name for k in _TE_KNOBS if k.kind == Kind.FLAG)
@@ -35,30 +34,28 @@ giving one at its default is harmless, any other value is a mistake."""
 
 
 def used_keys(slot: Slot, method: Method) -> tuple[str, ...]:
-    """Keys TE's communicator for ``method`` reads (aggregate only in a ring_exchange all-gather)."""
-    return tuple(k for k in te_used(method) if k != "aggregate" or collective(slot, method) == AG)
+    """Keys TE's communicator for ``method`` reads (`MethodSpec.te_keys`; aggregate only in an all-gather)."""
+    keys = method_spec(method).te_keys
+    return tuple(k for k in TE_KEYS if k in keys and (k != "aggregate" or collective(slot, method) == AG))
 
 
 def te_defaults(slot: Slot, method: Method) -> dict[str, Any]:
-    """TE's `get_default_config` for ``slot`` under ``method``, restricted to the keys the method reads."""
-    rx = method == RX
-    defaults = _PLAIN_DEFAULTS | {
-        "num_sm": 1 if rx else 16,
-        "cga_size": 1 if rx else 2,
-        "set_sm_margin": not rx,
-        "fp8_buf": collective(slot, method) == AG,
-    }
+    """TE's `get_default_config` for ``slot`` under ``method``, restricted to the keys the method reads: the
+    plain defaults, the method's (`SearchSpec.te_defaults`), and an FP8 buffer for every all-gather."""
+    own = {k: v for k, v in search_spec(method).te_defaults.items() if v is not None}
+    defaults = _PLAIN_DEFAULTS | own | {"fp8_buf": collective(slot, method) == AG}
     return {k: v for k, v in defaults.items() if k in used_keys(slot, method)}
 
 
 def effective(slot: Slot, method: Method, given: Mapping[str, Any]) -> OverlapConfig:
     """What TE runs for ``given`` (keys the method reads): defaults filled in, fp8_buf merged as TE does.
 
-    TE honours a user's fp8_buf only for pipeline; all-gather slots always get an FP8 buffer and the other
-    slots never do (docs/te_rules.md, The fp8_buf merge rule).
+    TE honours a user's fp8_buf only for the methods that take it (pipeline); all-gather slots always get an
+    FP8 buffer and the other slots never do (docs/te_rules.md, The fp8_buf merge rule).
     """
     values = te_defaults(slot, method) | dict(given)
-    values["fp8_buf"] = collective(slot, method) == AG or (method == PL and bool(values["fp8_buf"]))
+    honoured = "fp8_buf" in method_spec(method).takes and bool(values["fp8_buf"])
+    values["fp8_buf"] = collective(slot, method) == AG or honoured
     return OverlapConfig(method=method, **values)
 
 
@@ -81,7 +78,11 @@ def parse_entry(slot: Slot, raw: object) -> OverlapConfig:
         )
     used = used_keys(slot, method)
     for key, value in given.items():
-        if key == "fp8_buf" and method != PL and value != te_defaults(slot, method)["fp8_buf"]:
+        if (
+            key == "fp8_buf"
+            and "fp8_buf" not in method_spec(method).takes
+            and value != te_defaults(slot, method)["fp8_buf"]
+        ):
             warnings.warn(
                 f"{where}.fp8_buf: TE honours fp8_buf only for pipeline and ignores {int(value)} here",
                 PresetWarning,
@@ -108,16 +109,18 @@ def parse_ub_cfgs(data: Mapping[object, object]) -> dict[Slot, OverlapConfig]:
 
 
 def _harmless(key: str, value: object, method: Method) -> bool:
-    """An ignored key given at TE's default changes nothing (ring_exchange's num_splits default is tp, unknown here)."""
-    return key in _PLAIN_DEFAULTS and not (method == RX and key == "num_splits") and value == _PLAIN_DEFAULTS[key]
+    """An ignored key given at TE's default changes nothing (a method's own default of it may depend on the
+    shape: ring_exchange's num_splits is tp)."""
+    own = search_spec(method).te_defaults
+    return key in _PLAIN_DEFAULTS and key not in own and value == _PLAIN_DEFAULTS[key]
 
 
 def _method(slot: Slot, value: object) -> Method:
     names = [m.value for m in TE_METHODS]
-    if value == Method.NONE.value:
+    if isinstance(value, str) and value in METHODS and value not in names:
         raise PresetError(
             f"{slot.value}.method",
-            "none is not a TE method; leave the slot out or switch its overlap off in Megatron/TE",
+            f"{value} is not a TE method; leave the slot out or switch its overlap off in Megatron/TE",
             value,
         )
     if not isinstance(value, str) or value not in names:
@@ -148,8 +151,8 @@ def te_config(slot: Slot, config: OverlapConfig) -> OverlapConfig:
     ``num_max_streams``, ``gemm`` and ``fused`` have no TE key: TE always rotates over min(3, chunks) streams
     and runs cuBLAS per chunk, so a result measured with other values may not carry over exactly.
     """
-    if config.method == Method.NONE:
-        raise PresetError(f"{slot.value}.method", "none is not a TE method", "none")
+    if not method_spec(config.method).te:
+        raise PresetError(f"{slot.value}.method", f"{config.method.value} is not a TE method", config.method.value)
     plain = dataclasses.replace(config, **{name: DEFAULTS[name] for name in RUNTIME_ONLY_KNOBS})
     given = {k: getattr(plain, k) for k in used_keys(slot, plain.method) if getattr(plain, k) is not None}
     if plain.num_sm is None:  # the runtime cannot set a margin without num_sm: "no margin" there means "default"
@@ -159,11 +162,7 @@ def te_config(slot: Slot, config: OverlapConfig) -> OverlapConfig:
 
 def te_streams(config: OverlapConfig, tp: int) -> int | None:
     """The compute streams TE gives ``config``'s chunk GEMMs: min(3, chunks); None for unchunked methods."""
-    if config.method == PL and config.num_splits is not None:
-        return min(TE_NUM_MAX_STREAMS, config.num_splits)
-    if config.method == RX:
-        return min(TE_NUM_MAX_STREAMS, tp // 2 if config.aggregate else tp)
-    return None
+    return search_spec(config.method).te_streams(config, tp)
 
 
 def te_entry(slot: Slot, config: OverlapConfig, *, minimal: bool = False) -> dict[str, Any]:
@@ -185,11 +184,7 @@ def te_entry(slot: Slot, config: OverlapConfig, *, minimal: bool = False) -> dic
 
 def _nvidia_keys(slot: Slot, method: Method) -> tuple[str, ...]:
     """The keys NVIDIA's preset files always write for a method (docs/te_rules.md, NVIDIA's preset files)."""
-    if method == RX:
-        return ("aggregate",) if collective(slot, method) == AG else ("num_sm", "set_sm_margin")
-    if method == PL:
-        return ("num_sm", "cga_size", "num_splits", "set_sm_margin")
-    return ("num_sm", "cga_size", "set_sm_margin")
+    return search_spec(method).nvidia_keys.get(collective(slot, method), ())
 
 
 def to_te_dict(preset: Preset) -> dict[str, dict[str, Any]]:

@@ -11,25 +11,12 @@ names when it refuses a config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from overlap_runtime.config import Method, OverlapConfig
-from overlap_runtime.knobs import DEFAULT_STREAMS, TE, TE_METHODS
+from overlap_runtime.config import OverlapConfig
+from overlap_runtime.knobs import DEFAULT_STREAMS, TE
+from overlap_runtime.methods import method_spec
+from search_spaces.methods import search_spec
+from search_spaces.methods.spec import Deviation
 from search_spaces.te_dict import TE_MAX_SMS, te_streams
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Deviation:
-    """One way a config differs from what TE runs for its TE entry."""
-
-    knob: str
-    measured: str
-    """What was measured, as a caveat names it ("our triton GEMM")."""
-    te_runs: str
-    """What TE runs instead ("TE runs cuBLAS")."""
-
-    def __str__(self) -> str:
-        return f"{self.measured} ({self.te_runs})"
 
 
 def te_deviations(config: OverlapConfig, tp: int, *, backend: str = "cuda") -> tuple[Deviation, ...]:
@@ -38,7 +25,7 @@ def te_deviations(config: OverlapConfig, tp: int, *, backend: str = "cuda") -> t
     On the ``te`` backend TE itself ran the config (its cuBLAS, its streams, its transfers: `check_config`
     refuses every other knob there), so only a method TE lacks deviates."""
     found: list[Deviation] = []
-    if config.method not in TE_METHODS:
+    if not method_spec(config.method).te:
         found.append(Deviation(knob="method", measured=f"method {config.method.value}", te_runs="not a TE method"))
     if backend == TE:
         return tuple(found)
@@ -58,14 +45,7 @@ def te_deviations(config: OverlapConfig, tp: int, *, backend: str = "cuda") -> t
         found.append(
             Deviation(knob="num_max_streams", measured=f"{ours} compute streams", te_runs=f"TE uses {streams}")
         )
-    if config.method == Method.BULK and config.use_ce:
-        found.append(
-            Deviation(
-                knob="use_ce",
-                measured="copy-engine bulk transfers",
-                te_runs="TE's bulk always runs SM kernels of num_sm CTAs",
-            )
-        )
+    found.extend(search_spec(config.method).deviations(config))
     if (config.num_sm or 0) > TE_MAX_SMS:
         found.append(
             Deviation(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import OverlapConfig
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces.registry import shape_distance
 from storage.best import list_winners
@@ -32,6 +32,6 @@ def neighbour_winners(
     configs: list[OverlapConfig] = []
     for row in rows:
         config = OverlapConfig.from_dict(row.config)
-        if config.method != Method.NONE and config not in configs:  # `none` is a baseline of every study
+        if config.overlaps and config not in configs:  # no overlap is a baseline of every study
             configs.append(config)
     return tuple(configs[:limit])

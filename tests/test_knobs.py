@@ -19,7 +19,8 @@ from api.schemas import OverlapConfigBody
 from autotune.cli.measure import takes_knobs
 from overlap_runtime.config import DEFAULTS, DeviceLimits, OverlapConfig, check_config, knob_options, problem
 from overlap_runtime.errors import ConfigError
-from overlap_runtime.knobs import BY_NAME, CONFIG_KNOBS, KNOBS, MAX_CGA_SIZE, TE_KEYS, Kind, Method, Origin, te_used
+from overlap_runtime.knobs import BY_NAME, CONFIG_KNOBS, KNOBS, MAX_CGA_SIZE, TE_KEYS, Kind, Method, Origin
+from overlap_runtime.methods import METHODS
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import slot_space, te_dict, tunable_slots
 
@@ -69,9 +70,9 @@ def test_te_keys_are_the_tables_te_knobs_in_the_order_nvidias_files_write_them()
 def test_our_knobs_are_no_te_keys_and_te_reads_none_of_them() -> None:
     ours = [k for k in KNOBS if k.origin == Origin.RUNTIME]
     assert [k.name for k in ours] == ["num_max_streams", "gemm", "fused"]
-    assert all(not k.te_methods and k.te_default is None for k in ours)
-    for method in (Method.RING_EXCHANGE, Method.PIPELINE, Method.BULK, Method.EXTERNAL):
-        assert set(te_used(method)) <= set(TE_KEYS) - {"method", "is_reduce_scatter"}
+    assert all(k.te_default is None for k in ours)
+    for spec in METHODS.values():
+        assert spec.te_keys <= set(TE_KEYS) - {"method", "is_reduce_scatter"}, spec.method
 
 
 @pytest.mark.parametrize(("slot", "method"), [(Slot.PROJ_FPROP, "pipeline"), (Slot.QKV_FPROP, "ring_exchange")])

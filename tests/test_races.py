@@ -84,7 +84,7 @@ def _check(ctx, shape: ModelShape, slot: Slot, config: OverlapConfig, faults: Fa
     leaves its buffers and flags in any state): (worst-rank error, every site the check's calls issued)."""
     from overlap_runtime import harness
     from overlap_runtime.config import problem
-    from overlap_runtime.methods import Plan
+    from overlap_runtime.methods.common import Plan
 
     dev = harness.device_of(ctx)
     ops, sets = harness.make_operands(dev, problem(shape, slot, config.method), seed=1)

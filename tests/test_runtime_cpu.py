@@ -251,7 +251,7 @@ def _fp8_reduce_scatter_buffers(ctx) -> tuple[float, float, str]:
     import torch
 
     from overlap_runtime.harness import device_of, make_operands
-    from overlap_runtime.methods import Plan, run, serial
+    from overlap_runtime.methods.common import Plan, run, serial
 
     dev = device_of(ctx)
     config = OverlapConfig(method="pipeline", num_splits=2, fp8_buf=True)
@@ -410,7 +410,7 @@ def _numerics_of_broken_methods(ctx, dtype: str) -> tuple[float, float, float]:
     import torch
 
     from overlap_runtime.harness import _Candidate, _check_numerics, device_of, make_operands
-    from overlap_runtime.methods import Plan, serial
+    from overlap_runtime.methods.common import Plan, serial
 
     dev = device_of(ctx)
     shape = shape_for(ctx.tp, dtype)

@@ -28,7 +28,8 @@ from search_spaces import (
     tunable_slots,
 )
 from search_spaces.defaults import substitutions
-from search_spaces.space import pipeline_splits, sm_choices
+from search_spaces.methods.pipeline import pipeline_splits
+from search_spaces.space import sm_choices
 
 H200 = DeviceLimits(sm_count=132)
 BACKENDS = ("cpu", "cuda", "te")

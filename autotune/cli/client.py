@@ -23,7 +23,6 @@ from autotune.cli.progress import JobProgress, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, Client
 from autotune.tuner.gpu import CPU
-from overlap_runtime.config import Method
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 from search_spaces import FORMATS, FormatName, read_file
@@ -245,7 +244,7 @@ def _slower_than_serial(layer: BestLayer) -> str | None:
     m = layer.measurement or {}
     overlap, serial = m.get("overlap_ms"), m.get("serial_ms")
     slower = overlap is not None and serial is not None and overlap > serial
-    return SLOWER_NOTE if slower and layer.config.to_config().method != Method.NONE else None
+    return SLOWER_NOTE if slower and layer.config.to_config().overlaps else None
 
 
 @takes_shape_filter

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from autotune.tuner.gpu import preset_gpu_name
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import NO_OVERLAP, OverlapConfig
 from overlap_runtime.errors import InputError
 from search_spaces.defaults import as_runnable, substitutions, te_default
 from search_spaces.registry import PresetRegistry
@@ -81,7 +81,7 @@ def baselines(
         return config
 
     sources: list[tuple[str, Callable[[], OverlapConfig]]] = [
-        (NONE, lambda: OverlapConfig(method=Method.NONE)),
+        (NONE, lambda: NO_OVERLAP),
         (TE_DEFAULT, partial(te_default, space.shape, space.slot, backend=space.backend, limits=space.limits)),
         (PRESET, preset),
     ]

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from autotune.tuner.baselines import NONE, TE_DEFAULT
 from autotune.tuner.history import History
 from autotune.tuner.outcome import SlotOutcome
-from overlap_runtime.config import Method, OverlapConfig
+from overlap_runtime.config import OverlapConfig
 from overlap_runtime.measurement import Measurement
 from overlap_runtime.shape import Slot
 from search_spaces.consumers import Measured, Mode, entry_mode
@@ -48,9 +48,9 @@ def choose_finalists(history: History, *, slot: Slot, tp: int, top_k: int = TOP_
     between which a consumer's switches choose: `search_spaces.consumers`), then no overlap and TE's default
     where they ran correctly."""
     ranked = [r.config for r in history.ranked() if r.config is not None]
-    overlaps = [c for c in ranked if c.method != Method.NONE][:top_k]
+    overlaps = [c for c in ranked if c.overlaps][:top_k]
     te_exact = [c for c in ranked if is_te_exact(c, tp)]
-    per_mode = {entry_mode(slot, c): c for c in reversed(te_exact) if c.method != Method.NONE}
+    per_mode = {entry_mode(slot, c): c for c in reversed(te_exact) if c.overlaps}
     references = [history.with_label(label) for label in (NONE, TE_DEFAULT)]
     extras = [r.config for r in references if r is not None and r.config is not None and r.state == TrialState.COMPLETE]
     return tuple(dict.fromkeys([*overlaps, *te_exact[:TE_TOP_K], *per_mode.values(), *extras]))
@@ -73,14 +73,14 @@ def decide(
     if not usable:
         return None
     best, best_m = min(usable, key=lambda cm: cm[1].overlap_ms)
-    overlaps = [(c, m) for c, m in usable if c.method != Method.NONE]
+    overlaps = [(c, m) for c, m in usable if c.overlaps]
     best_overlap, best_overlap_m = min(overlaps, key=lambda cm: cm[1].overlap_ms) if overlaps else (None, None)
     exact = [(c, m) for c, m in usable if is_te_exact(c, tp)]
     te_exact, te_exact_m = min(exact, key=lambda cm: cm[1].overlap_ms) if exact else (None, None)
     modes: dict[Mode, Measured] = {}
-    offs = [(c, m) for c, m in usable if c.method == Method.NONE]
+    offs = [(c, m) for c, m in usable if not c.overlaps]
     for config, measurement in sorted([*exact, *offs], key=lambda cm: -cm[1].overlap_ms):  # each mode's fastest last
-        mode = Mode.OFF if config.method == Method.NONE else entry_mode(slot, config)
+        mode = entry_mode(slot, config) if config.overlaps else Mode.OFF
         modes[mode] = Measured(config=config, measurement=measurement)
     return SlotOutcome(
         slot=slot,

@@ -24,7 +24,7 @@ class SlotOutcome:
 
     slot: Slot
     best: OverlapConfig
-    """The fastest valid config; `Method.NONE` when no overlap was faster."""
+    """The fastest valid config; no overlap when nothing overlapping was faster."""
     best_measurement: Measurement
     best_overlap: OverlapConfig | None
     """The fastest valid config that overlaps (what a preset carries when none wins); may equal best."""
