@@ -157,6 +157,8 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
             ("final" if best.final else "so far") if best else "",
         )
     console().print(table)
+    if job.consumer_choice is not None:
+        _print_consumer(job.consumer_choice)
 
 
 @takes_shape_filter
