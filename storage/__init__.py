@@ -46,6 +46,7 @@ from storage.trials import (
     fail_trial,
     get_trial,
     list_trials,
+    release_trial,
     renew_lease,
 )
 from storage.workers import authenticate_worker, get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
@@ -104,6 +105,7 @@ __all__ = [
     "reclaim",
     "register_worker",
     "release_leadership",
+    "release_trial",
     "renew_lease",
     "session_factory",
     "set_job_status",
