@@ -55,7 +55,7 @@ import psycopg
 
 import storage
 from api.schemas import ClaimPublic, WorkerCreated
-from autotune.client import ENDED, Client
+from autotune.client import ENDED, ApiError, Client
 from bench.environment import source
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.measurement import Measurement
@@ -324,6 +324,14 @@ def database_counts(db_url: str, job_ids: list[str]) -> dict[str, Any]:
     }
 
 
+def all_ended(client: Client, job_ids: list[str]) -> bool:
+    """Whether every job has ended; False while the controller does not answer (an overloaded one 503s)."""
+    try:
+        return all(client.job(j).status in ENDED for j in job_ids)
+    except (ApiError, httpx.TransportError):
+        return False
+
+
 def run(plan: Plan, *, workdir: Path) -> dict[str, Any]:
     load_average = os.getloadavg()
     records = Records()
@@ -354,9 +362,7 @@ def run(plan: Plan, *, workdir: Path) -> dict[str, Any]:
                 client.submit(shape=shape, layers=layers, n_trials=plan.trials, backend="cuda", gpu=GPU).id
                 for shape in shapes(plan.jobs)
             ]
-            while time.monotonic() - started < plan.timeout_s:
-                if all(client.job(j).status in ENDED for j in job_ids):
-                    break
+            while time.monotonic() - started < plan.timeout_s and not all_ended(client, job_ids):
                 time.sleep(1.0)
         wall_s = time.monotonic() - started
         cpu_s, own_cpu_s = tree_cpu_s(pid) - cpu_before, time.process_time() - own_before
