@@ -18,7 +18,7 @@ from overlap_runtime.shape import ModelShape
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from conftest_service import Service
+    from conftest_service import Proc, Service
 
 pytestmark = [
     pytest.mark.slow,
@@ -64,6 +64,16 @@ def started_worker_with_a_running_trial(service: Service, *, extra: list[str] = 
     return pid, job_id
 
 
+def tiny_job_done(service: Service, *, worker_flags: list[str]) -> tuple[Service, Proc, str]:
+    """A controller and one worker started with ``worker_flags`` that ran a tiny job to success."""
+    service.start_controller()
+    worker = service.start_worker(extra=worker_flags)
+    with service.client() as client:
+        job_id = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=3, backend="cpu").id
+    assert service.wait_for_job(job_id).status == "succeeded"
+    return service, worker, job_id
+
+
 def test_kill_9_of_a_worker_takes_its_ranks_within_2_s_and_prints_no_traceback(
     make_service: Callable[..., Service], sqlite_url: str
 ) -> None:
@@ -103,12 +113,7 @@ def test_sigterm_hands_the_running_trial_back_at_once_and_ends_the_ranks(
 def test_exit_when_idle_exits_0_after_the_job_and_a_dead_controller_exits_1(
     make_service: Callable[..., Service], sqlite_url: str
 ) -> None:
-    service = make_service(db_url=sqlite_url)
-    service.start_controller()
-    worker = service.start_worker(extra=["--exit-when-idle", "3"])
-    with service.client() as client:
-        job_id = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=3, backend="cpu").id
-    assert service.wait_for_job(job_id).status == "succeeded"
+    service, worker, _ = tiny_job_done(make_service(db_url=sqlite_url), worker_flags=["--exit-when-idle", "3"])
     assert worker.popen.wait(60) == 0, worker.tail()
 
     assert service.controller is not None
@@ -121,11 +126,7 @@ def test_exit_when_idle_exits_0_after_the_job_and_a_dead_controller_exits_1(
 def test_max_jobs_exits_0_once_that_many_of_its_jobs_have_ended(
     make_service: Callable[..., Service], sqlite_url: str
 ) -> None:
-    service = make_service(db_url=sqlite_url)
-    service.start_controller()
-    worker = service.start_worker(extra=["--max-jobs", "1"])
+    service, worker, job_id = tiny_job_done(make_service(db_url=sqlite_url), worker_flags=["--max-jobs", "1"])
+    assert worker.popen.wait(30) == 0, worker.tail()
     with service.client() as client:
-        job_id = client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=3, backend="cpu").id
-        assert service.wait_for_job(job_id).status == "succeeded"
-        assert worker.popen.wait(30) == 0, worker.tail()
         assert all(t.worker_id is not None for t in client.all_trials(job_id))
