@@ -78,7 +78,8 @@ class WorkerLoop:
         """This process's registration: its id and secret."""
         self._runtime: Runtime | None = None
         self._reregister = threading.Event()
-        self._idle_since = time.monotonic()
+        self._idle_since: float | None = time.monotonic()
+        """Since when it has had nothing to run; None while it runs a trial (a long one is not idleness)."""
         self._jobs: dict[str, bool] = {}
         """The jobs this worker ran trials for: whether each has ended."""
 
@@ -98,6 +99,7 @@ class WorkerLoop:
                     self.stop.wait(self.options.poll_s)
                     continue
                 self._jobs.setdefault(claim.job_id, False)
+                self._idle_since = None
                 self._run_trial(claim)
                 self._idle_since = time.monotonic()
         except InterruptedError:
@@ -131,8 +133,8 @@ class WorkerLoop:
             return True  # deleted with its database: it gets no more trials either
 
     def _idle_expired(self) -> bool:
-        limit = self.options.exit_when_idle_s
-        return limit is not None and time.monotonic() - self._idle_since >= limit
+        limit, since = self.options.exit_when_idle_s, self._idle_since
+        return limit is not None and since is not None and time.monotonic() - since >= limit
 
     def _me(self) -> WorkerCreated:
         if self.worker is None:
