@@ -16,8 +16,11 @@ finalists), on one scheduler.
 
 Checked, from the workers' own records and from the database afterwards: ``double_claims`` (a trial handed
 to a second worker while the first held it: the claims of one trial id with overlapping claim-to-report
-intervals) and ``lost_trials`` (a trial a worker reported that is not stored complete, or any trial that
-ended failed or is left waiting or running; every job must succeed).  Measured: each claim's latency (p50,
+intervals) and ``lost_trials`` (a trial whose report the controller took (200) that is not stored complete, a
+trial that failed for any reason but an expired lease, or one left waiting or running at the end; every job
+must succeed).  ``lease_expired_trials`` are counted apart: their workers' reports came too late (a controller
+too busy to answer within the lease), and the tuner asked their configs again, so nothing was lost but the
+work.  Measured: each claim's latency (p50,
 p90, p99, max; all claims, and the claims that got a trial), trials completed per second, and the
 controller's CPU time (its process and its API processes, from /proc) per completed trial, beside this
 process's own CPU (the simulated workers share the machine with the controller).
@@ -70,8 +73,6 @@ TOKEN = "fleet-scale-token"
 WORKER_TOKEN = "fleet-scale-worker-token"
 GEMM_MS, COMM_MS = 0.86, 0.38
 """The synthetic slot: a 0.86 ms GEMM and 0.38 ms of communication (1.24 ms serial)."""
-POLL_S = 1.0
-"""A worker's pause after a claim found nothing: `autotune worker --poll-s`'s default."""
 START_TIMEOUT_S = 120.0
 
 
@@ -82,6 +83,8 @@ class Plan:
     slots: int
     trials: int
     trial_s: float
+    poll_s: float
+    """A worker's pause after a claim found nothing (`autotune worker --poll-s`)."""
     serve_workers: int
     timeout_s: float
 
@@ -150,7 +153,7 @@ def simulated_worker(index: int, *, url: str, plan: Plan, done: threading.Event,
             except Exception as e:  # a bench records every failure and goes on
                 with records.lock:
                     records.errors.append(f"claim: {type(e).__name__}: {e}")
-                done.wait(POLL_S)
+                done.wait(plan.poll_s)
                 continue
             latency = time.monotonic() - started
             with records.lock:
@@ -158,7 +161,7 @@ def simulated_worker(index: int, *, url: str, plan: Plan, done: threading.Event,
                 if claim is not None:
                     records.got_s.append(latency)
             if claim is None:
-                done.wait(POLL_S)
+                done.wait(plan.poll_s)
                 continue
             _answer(client, me, claim, index=index, plan=plan, rng=rng, records=records)
 
@@ -320,6 +323,8 @@ def database_counts(db_url: str, job_ids: list[str]) -> dict[str, Any]:
         "complete_ids": {t.id for t in trials if t.state == TrialState.COMPLETE},
         "reattempted": sum(t.attempts > 1 for t in trials),
         "failures": sorted({t.error or "" for t in trials if t.state == TrialState.FAILED}),
+        "lease_expired": sum(t.state == TrialState.FAILED and t.error == storage.LEASE_EXPIRED for t in trials),
+        "other_failures": sum(t.state == TrialState.FAILED and t.error != storage.LEASE_EXPIRED for t in trials),
         "job_statuses": statuses,
     }
 
@@ -371,7 +376,7 @@ def run(plan: Plan, *, workdir: Path) -> dict[str, Any]:
             t.join(60)
         stored = database_counts(db_url, job_ids)
     reported = {c.trial_id for c in records.claims if c.reported_at is not None}
-    lost = len(reported - stored["complete_ids"]) + stored["states"].get("failed", 0)
+    lost = len(reported - stored["complete_ids"]) + stored["other_failures"]
     lost += stored["states"].get("waiting", 0) + stored["states"].get("running", 0)
     complete = len(stored["complete_ids"])
     return {
@@ -381,6 +386,7 @@ def run(plan: Plan, *, workdir: Path) -> dict[str, Any]:
             "slots_per_job": plan.slots,
             "trials_per_slot": plan.trials,
             "trial_s": plan.trial_s,
+            "poll_s": plan.poll_s,
             "serve_workers": plan.serve_workers,
             "database": "postgresql",
         },
@@ -394,6 +400,7 @@ def run(plan: Plan, *, workdir: Path) -> dict[str, Any]:
         "double_claims": double_claims(records.claims),
         "reattempted_trials": stored["reattempted"],
         "lost_trials": lost,
+        "lease_expired_trials": stored["lease_expired"],
         "worker_errors": records.errors[:20],
         "worker_error_count": len(records.errors),
         "wall_s": round(wall_s, 1),
@@ -439,6 +446,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--slots", type=int, default=10, help="Slots per job (the first of the ten)")
     parser.add_argument("--trials", type=int, default=4, help="n_trials of each job (per slot)")
     parser.add_argument("--trial-s", type=float, default=1.0, help="Simulated seconds a trial takes (mean)")
+    parser.add_argument("--poll-s", type=float, default=1.0, help="Pause after an empty claim (the worker's default)")
     parser.add_argument("--serve-workers", type=int, default=1, help="`serve --workers N`: API processes")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="Give up on the jobs after this long")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp"), help="Where the controller's log goes")
@@ -455,6 +463,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         slots=args.slots,
         trials=args.trials,
         trial_s=args.trial_s,
+        poll_s=args.poll_s,
         serve_workers=args.serve_workers,
         timeout_s=args.timeout_s,
     )
