@@ -26,6 +26,7 @@ once (`Client.release`), so another worker takes it without waiting out the leas
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 10.0
 RELEASE_TIMEOUT_S = 5.0
 """How long a stopping worker waits on the controller to take its trial back: a batch system kills it soon."""
+IDLE_BACKOFF = 8.0
+"""An idle worker's pause grows from ``poll_s`` to this many times it: 64 idle workers polling every second
+cost one controller more than the trials did (bench/fleet_scale.py), and one with work claims again at once."""
 FORGOTTEN = (httpx.codes.NOT_FOUND, httpx.codes.UNAUTHORIZED)
 """Answers to a worker call that mean "register again": the controller does not know this worker or its secret."""
 
@@ -56,7 +60,7 @@ class WorkerOptions:
     name: str | None = None
     """Shown on the dashboard; host-pid when None."""
     poll_s: float = 1.0
-    """Pause after a claim found nothing."""
+    """Pause after a claim found nothing, growing while nothing comes (`IdlePause`)."""
     heartbeat_s: float = 10.0
     trial_timeout_s: float = 180.0
     """Per config and round: a group that takes longer is killed and the trial reported as hung."""
@@ -65,6 +69,23 @@ class WorkerOptions:
     """Return once nothing could be claimed for this long (the controller unreachable counts, and then fails)."""
     max_jobs: int | None = None
     """Return, when idle, once this many of the jobs it ran trials for have ended."""
+
+
+class IdlePause:
+    """The pause after each empty claim: ``poll_s``, doubling up to `IDLE_BACKOFF` times it until a claim gets
+    work; each drawn within +-25%, so workers that a batch system started together do not poll together."""
+
+    def __init__(self, poll_s: float) -> None:
+        self.poll_s = poll_s
+        self._next = poll_s
+
+    def next(self) -> float:
+        pause = self._next * random.uniform(0.75, 1.25)
+        self._next = min(2 * self._next, IDLE_BACKOFF * self.poll_s)
+        return pause
+
+    def reset(self) -> None:
+        self._next = self.poll_s
 
 
 class WorkerLoop:
@@ -78,6 +99,7 @@ class WorkerLoop:
         """This process's registration: its id and secret."""
         self._runtime: Runtime | None = None
         self._reregister = threading.Event()
+        self._pause = IdlePause(options.poll_s)
         self._idle_since: float | None = time.monotonic()
         """Since when it has had nothing to run; None while it runs a trial (a long one is not idleness)."""
         self._jobs: dict[str, bool] = {}
@@ -96,8 +118,9 @@ class WorkerLoop:
                 if claim is None:
                     if self._done():
                         return
-                    self.stop.wait(self.options.poll_s)
+                    self.stop.wait(self._pause.next())
                     continue
+                self._pause.reset()
                 self._jobs.setdefault(claim.job_id, False)
                 self._idle_since = None
                 self._run_trial(claim)

@@ -59,6 +59,7 @@ import psycopg
 import storage
 from api.schemas import ClaimPublic, WorkerCreated
 from autotune.client import ENDED, ApiError, Client
+from autotune.worker import IdlePause
 from bench.environment import source
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.measurement import Measurement
@@ -142,8 +143,9 @@ def worker_body(index: int) -> dict[str, Any]:
 
 
 def simulated_worker(index: int, *, url: str, plan: Plan, done: threading.Event, records: Records) -> None:
-    """Register, then claim and answer trials until every job has ended."""
+    """Register, then claim and answer trials until every job has ended, pausing as `autotune worker` does."""
     rng = random.Random(index)
+    pause = IdlePause(plan.poll_s)
     with Client(url, token=WORKER_TOKEN, timeout_s=60) as client:
         me: WorkerCreated = client.register(worker_body(index))
         while not done.is_set():
@@ -153,7 +155,7 @@ def simulated_worker(index: int, *, url: str, plan: Plan, done: threading.Event,
             except Exception as e:  # a bench records every failure and goes on
                 with records.lock:
                     records.errors.append(f"claim: {type(e).__name__}: {e}")
-                done.wait(plan.poll_s)
+                done.wait(pause.next())
                 continue
             latency = time.monotonic() - started
             with records.lock:
@@ -161,8 +163,9 @@ def simulated_worker(index: int, *, url: str, plan: Plan, done: threading.Event,
                 if claim is not None:
                     records.got_s.append(latency)
             if claim is None:
-                done.wait(plan.poll_s)
+                done.wait(pause.next())
                 continue
+            pause.reset()
             _answer(client, me, claim, index=index, plan=plan, rng=rng, records=records)
 
 

@@ -39,7 +39,9 @@ def worker(
         str | None,
         typer.Option(help="Name on the dashboard (default: the Slurm job and task, or the pod, else host-pid)"),
     ] = None,
-    poll_s: Annotated[float, typer.Option(min=0.05, help="Pause when there is no work")] = 1.0,
+    poll_s: Annotated[
+        float, typer.Option(min=0.05, help="Pause when there is no work (doubling, up to 8x, while none comes)")
+    ] = 1.0,
     heartbeat_s: Annotated[float, typer.Option(min=0.1)] = 10.0,
     trial_timeout_s: Annotated[
         float, typer.Option(min=0.001, help="Per config and round before a trial is hung")
