@@ -100,11 +100,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def signal_on_parent_death(sig: signal.Signals) -> bool:
+    """Ask the kernel to send this process ``sig`` when its parent (thread) dies; whether it could (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
 def _die_with_parent(parent_pid: int, lifeline: Connection) -> None:
     """End this rank as soon as its parent is gone (module docstring); called first thing in a rank."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    signal_on_parent_death(signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before the kernel was asked
         os._exit(0)
     threading.Thread(target=_wait_for_eof, args=(lifeline,), name="lifeline", daemon=True).start()
