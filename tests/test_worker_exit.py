@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from overlap_runtime.errors import LeaseLost
 from overlap_runtime.shape import ModelShape
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the rank processes through Linux's /proc"),
 ]
-pytest_plugins = ("conftest_service",)  # make_service, sqlite_url
+pytest_plugins = ("conftest_service",)  # make_service, sqlite_url, db_url
 
 TINY_SHAPE = ModelShape(hidden=64, tp=2, seq=32)
 BUSY_SHAPE = ModelShape(hidden=512, tp=2, seq=1024)
@@ -130,3 +131,26 @@ def test_max_jobs_exits_0_once_that_many_of_its_jobs_have_ended(
     assert worker.popen.wait(30) == 0, worker.tail()
     with service.client() as client:
         assert all(t.worker_id is not None for t in client.all_trials(job_id))
+
+
+def test_a_released_trial_waits_again_for_any_worker_and_only_its_holder_may_release_it(
+    make_service: Callable[..., Service], db_url: str
+) -> None:
+    """``POST .../release`` on SQLite and PostgreSQL: the holder's release puts the trial back at once, the
+    next claim (by another worker) gets that very trial, and a release by anyone else, or a second one, is
+    the 409 of a lease not held."""
+    service = make_service(db_url=db_url)
+    service.start_controller()
+    with service.client() as client:
+        holder = client.register({"name": "holder", "host": "h", "backend": "cpu"})
+        other = client.register({"name": "other", "host": "h", "backend": "cpu"})
+        client.submit(shape=TINY_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cpu")
+        claim = service.wait_until(lambda: client.claim(holder), timeout_s=30, what="a claim")
+        with pytest.raises(LeaseLost, match="leased to worker"):
+            client.release(other, claim)  # with the right nonce, but not the holder
+        released = client.release(holder, claim)
+        assert (released.id, released.state) == (claim.trial_id, "waiting")
+        with pytest.raises(LeaseLost, match="it is waiting"):
+            client.release(holder, claim)
+        again = client.claim(other)
+        assert again is not None and again.trial_id == claim.trial_id and again.lease_nonce != claim.lease_nonce
