@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The dashboard's browser test drives Debian's chromium through Playwright (never a browser download).
 CHROMIUM := /usr/bin/chromium
+# The fleet test runs a real one-node Slurm (tests/conftest_slurm.py): Debian's daemons, started by the test.
+SLURM := /usr/sbin/slurmdbd
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,13 +18,16 @@ $(STAMP): pyproject.toml
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
+$(SLURM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm slurmdbd munge mariadb-client
+
 .PHONY: install run test lint
 install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/autotune serve --local-worker
 
-test: $(STAMP) $(CHROMIUM)
+test: $(STAMP) $(CHROMIUM) $(SLURM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

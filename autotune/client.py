@@ -37,6 +37,8 @@ from overlap_runtime.shape import ModelShape
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT_S = 30.0
+ENDED = ("succeeded", "failed", "cancelled")
+"""The job statuses after which a job changes no more."""
 
 Answer = TypeVar("Answer", bound=BaseModel)
 _WORKERS = TypeAdapter(list[WorkerPublic])
@@ -229,6 +231,13 @@ class Client:
     def renew(self, worker: WorkerCreated, claim: ClaimPublic) -> LeasePublic:
         path = f"/v1/workers/{worker.id}/trials/{claim.trial_id}/renew"
         return self._call(LeasePublic, "POST", path, headers=_as(worker, claim))
+
+    def release(self, worker: WorkerCreated, claim: ClaimPublic, *, timeout_s: float | None = None) -> TrialPublicState:
+        """Hand the claimed trial back to the queue (a worker stopping before it could report); ``timeout_s``
+        in place of the client's own."""
+        path = f"/v1/workers/{worker.id}/trials/{claim.trial_id}/release"
+        timeout = self._http.timeout if timeout_s is None else httpx.Timeout(timeout_s)
+        return self._call(TrialPublicState, "POST", path, headers=_as(worker, claim), timeout=timeout)
 
     def report(
         self,

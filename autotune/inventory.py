@@ -5,12 +5,17 @@ that comes from CUDA through torch, joined to NVML by UUID because NVML's index 
 (docs/architecture.md, Workers and their GPUs).  The controller only hands a worker trials whose GPU model matches its
 ``gpu_model`` and whose tp fits its ``n_gpus``.  ``te_version`` says whether TransformerEngine is installed
 (its version, or None): a te worker must have it, and the controller places te jobs only on workers that do.
+
+A worker's default name says where its launcher put it (`launcher_name`): the Slurm job, array task and
+task rank, or the Kubernetes pod and its completion index, so the dashboard's worker is found in ``squeue``
+or ``kubectl get pods`` at a glance (docs/fleet.md).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.tuner.gpu import CPU
@@ -25,7 +30,7 @@ def worker_body(*, backend: str, name: str | None = None) -> dict[str, Any]:
     """The registration body (`api.schemas.WorkerCreate`) of this process for ``backend``."""
     host = socket.gethostname()
     body: dict[str, Any] = {
-        "name": name or f"{host}-{os.getpid()}",
+        "name": name or launcher_name(os.environ) or f"{host}-{os.getpid()}",
         "host": host,
         "backend": backend,
         "te_version": require_te() if backend == TE else te_version(),
@@ -38,6 +43,22 @@ def worker_body(*, backend: str, name: str | None = None) -> dict[str, Any]:
     models = {g["name"] for g in gpus}
     # A box with mixed models takes only jobs not pinned to a model: its ranks would not be alike.
     return body | {"gpus": gpus, "gpu_model": models.pop() if len(models) == 1 else None, "n_gpus": len(gpus)}
+
+
+def launcher_name(env: Mapping[str, str]) -> str | None:
+    """``slurm-<job>-task<rank>`` (``<job>`` as Slurm writes it: ``<array job>_<task>`` in an array) inside
+    a Slurm job, ``k8s-<pod>-index<i>`` in a Kubernetes pod (``POD_NAME`` from the downward API, else the
+    host name, which is the pod's), None elsewhere."""
+    if "SLURM_JOB_ID" in env:
+        job = env["SLURM_JOB_ID"]
+        if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
+            job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+        return f"slurm-{job}" + (f"-task{env['SLURM_PROCID']}" if "SLURM_PROCID" in env else "")
+    if "KUBERNETES_SERVICE_HOST" in env or "JOB_COMPLETION_INDEX" in env:
+        pod = env.get("POD_NAME") or socket.gethostname()
+        index = env.get("JOB_COMPLETION_INDEX")
+        return f"k8s-{pod}" + (f"-index{index}" if index is not None else "")
+    return None
 
 
 def gpu_inventory() -> list[dict[str, Any]]:

@@ -14,19 +14,28 @@ from before worker secrets) gets a fresh registration.  A result the controller 
 
 One `Runtime` (one TP group of processes) is kept for the tp of the last trial, since starting a group
 costs seconds; a trial with another tp replaces it.
+
+A worker a batch system started must end by itself for its array task or Job to complete: with
+``exit_when_idle_s`` it returns (exit 0) once it has had nothing to claim for that long, and gives up (exit 1)
+on a controller that stayed unreachable that long; with ``max_jobs`` it returns at the first moment with
+nothing to claim once that many of the jobs it ran trials for have ended.  Stopped while it measures (SIGTERM
+from ``scancel`` or a pod's eviction arrives as `KeyboardInterrupt`), it hands its trial back to the queue at
+once (`Client.release`), so another worker takes it without waiting out the lease.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from api.schemas import ClaimPublic, WorkerCreated
-from autotune.client import ApiError, Client, RequestRejected
+from autotune.client import ENDED, ApiError, Client, RequestRejected
 from autotune.inventory import worker_body
 from overlap_runtime.errors import InputError, LeaseLost, TrialFailure
 from overlap_runtime.runtime import Runtime, open_runtime
@@ -35,6 +44,11 @@ from overlap_runtime.shape import ModelShape, Slot
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 10.0
+RELEASE_TIMEOUT_S = 5.0
+"""How long a stopping worker waits on the controller to take its trial back: a batch system kills it soon."""
+IDLE_BACKOFF = 8.0
+"""An idle worker's pause grows from ``poll_s`` to this many times it: 64 idle workers polling every second
+cost one controller more than the trials did (bench/fleet_scale.py), and one with work claims again at once."""
 FORGOTTEN = (httpx.codes.NOT_FOUND, httpx.codes.UNAUTHORIZED)
 """Answers to a worker call that mean "register again": the controller does not know this worker or its secret."""
 
@@ -46,11 +60,32 @@ class WorkerOptions:
     name: str | None = None
     """Shown on the dashboard; host-pid when None."""
     poll_s: float = 1.0
-    """Pause after a claim found nothing."""
+    """Pause after a claim found nothing, growing while nothing comes (`IdlePause`)."""
     heartbeat_s: float = 10.0
     trial_timeout_s: float = 180.0
     """Per config and round: a group that takes longer is killed and the trial reported as hung."""
     warmup: int = 5
+    exit_when_idle_s: float | None = None
+    """Return once nothing could be claimed for this long (the controller unreachable counts, and then fails)."""
+    max_jobs: int | None = None
+    """Return, when idle, once this many of the jobs it ran trials for have ended."""
+
+
+class IdlePause:
+    """The pause after each empty claim: ``poll_s``, doubling up to `IDLE_BACKOFF` times it until a claim gets
+    work; each drawn within +-25%, so workers that a batch system started together do not poll together."""
+
+    def __init__(self, poll_s: float) -> None:
+        self.poll_s = poll_s
+        self._next = poll_s
+
+    def next(self) -> float:
+        pause = self._next * random.uniform(0.75, 1.25)
+        self._next = min(2 * self._next, IDLE_BACKOFF * self.poll_s)
+        return pause
+
+    def reset(self) -> None:
+        self._next = self.poll_s
 
 
 class WorkerLoop:
@@ -64,9 +99,14 @@ class WorkerLoop:
         """This process's registration: its id and secret."""
         self._runtime: Runtime | None = None
         self._reregister = threading.Event()
+        self._pause = IdlePause(options.poll_s)
+        self._idle_since: float | None = time.monotonic()
+        """Since when it has had nothing to run; None while it runs a trial (a long one is not idleness)."""
+        self._jobs: dict[str, bool] = {}
+        """The jobs this worker ran trials for: whether each has ended."""
 
     def run(self) -> None:
-        """Work until stopped; always closes the TP group on the way out."""
+        """Work until stopped or done (module docstring); always closes the TP group on the way out."""
         heartbeats = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         try:
             self._register()
@@ -76,15 +116,48 @@ class WorkerLoop:
                     self._register()
                 claim = self._claim()
                 if claim is None:
-                    self.stop.wait(self.options.poll_s)
+                    if self._done():
+                        return
+                    self.stop.wait(self._pause.next())
                     continue
+                self._pause.reset()
+                self._jobs.setdefault(claim.job_id, False)
+                self._idle_since = None
                 self._run_trial(claim)
+                self._idle_since = time.monotonic()
         except InterruptedError:
             log.info("worker stopped")
         finally:
             self.stop.set()
             if self._runtime is not None:
                 self._runtime.close()
+
+    def _done(self) -> bool:
+        """Whether an idle worker has done what it was started for (``exit_when_idle_s``, ``max_jobs``)."""
+        if self._idle_expired():
+            log.info("nothing to claim for %g s: exiting", self.options.exit_when_idle_s)
+            return True
+        max_jobs = self.options.max_jobs
+        if max_jobs is None or len(self._jobs) < max_jobs:
+            return False
+        for job_id, ended in self._jobs.items():
+            self._jobs[job_id] = ended or self._ended(job_id)
+        if sum(self._jobs.values()) < max_jobs:
+            return False
+        log.info("%d jobs it ran trials for have ended: exiting", max_jobs)
+        return True
+
+    def _ended(self, job_id: str) -> bool:
+        try:
+            return self._retrying(lambda: self.client.job(job_id)).status in ENDED
+        except ApiError as e:
+            if e.status != httpx.codes.NOT_FOUND:
+                raise
+            return True  # deleted with its database: it gets no more trials either
+
+    def _idle_expired(self) -> bool:
+        limit, since = self.options.exit_when_idle_s, self._idle_since
+        return limit is not None and since is not None and time.monotonic() - since >= limit
 
     def _me(self) -> WorkerCreated:
         if self.worker is None:
@@ -118,6 +191,24 @@ class WorkerLoop:
                 log.warning("heartbeat failed (controller unreachable): %s", e)
 
     def _run_trial(self, claim: ClaimPublic) -> None:
+        try:
+            self._measure_and_report(claim)
+        except KeyboardInterrupt:  # SIGTERM or Ctrl-C while the trial is ours
+            self._hand_back(claim)
+            raise
+
+    def _hand_back(self, claim: ClaimPublic) -> None:
+        """Release the trial to the queue: once, briefly, since the process is ending; a trial already
+        reported or lost needs nothing, and one the controller cannot take back returns when its lease ends."""
+        try:
+            self.client.release(self._me(), claim, timeout_s=RELEASE_TIMEOUT_S)
+            log.info("handed trial %s back to the queue", claim.trial_id)
+        except LeaseLost:
+            pass
+        except (ApiError, httpx.TransportError) as e:
+            log.warning("trial %s not handed back (%s): it returns to the queue when its lease ends", claim.trial_id, e)
+
+    def _measure_and_report(self, claim: ClaimPublic) -> None:
         worker, trial_id = self._me(), claim.trial_id
         renewer = _LeaseRenewer(client=self.client, worker=worker, claim=claim)
         renewer.start()
@@ -174,15 +265,18 @@ class WorkerLoop:
         return self._runtime
 
     def _retrying(self, call: Any) -> Any:
-        """``call()``, retried with back-off while the controller is unreachable or overloaded (5xx)."""
+        """``call()``, retried with back-off while the controller is unreachable or overloaded (5xx), until the
+        worker has been idle longer than ``exit_when_idle_s``: then the last error is raised."""
         delay = 0.2
         while True:
             try:
                 return call()
             except httpx.TransportError as e:
+                if self._idle_expired():
+                    raise
                 reason = f"controller unreachable: {e}"
             except ApiError as e:
-                if e.status < 500:
+                if e.status < 500 or self._idle_expired():
                     raise
                 reason = str(e)
             if self.stop.is_set():

@@ -9,15 +9,26 @@ every Triton compile reports itself) does not count against the timeout, only ag
 a kernel's first launch with new constants can compile for many seconds on a fresh host (a fused ring
 config's first measurement took 51 s on the H200, most of it compiling), which a short trial timeout
 would take for a hang.
+
+The ranks never outlive the process that started them (a worker killed by ``kill -9``, an OOM kill, a lost
+node's agent): on Linux each rank asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``;
+the kernel means the parent *thread*, so start a group from a thread that outlives it), and on every
+platform a thread in each rank blocks on a lifeline pipe whose only write end the parent holds, and ends the
+rank the moment that end closes.  SIGKILL and ``os._exit`` print nothing: a dead worker leaves no rank
+behind, and no traceback of a pipe that broke under it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import multiprocessing as mp
 import os
+import signal
 import socket
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -79,6 +90,9 @@ class RankContext:
 
 Task = Callable[..., Any]
 
+PR_SET_PDEATHSIG = 1
+"""prctl(2)'s option: the signal this process gets when its parent (thread) dies."""
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -86,7 +100,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, tp: int, backend: str, port: int, conn: Connection, env: dict[str, str]) -> None:
+def signal_on_parent_death(sig: signal.Signals) -> bool:
+    """Ask the kernel to send this process ``sig`` when its parent (thread) dies; whether it could (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def _die_with_parent(parent_pid: int, lifeline: Connection) -> None:
+    """End this rank as soon as its parent is gone (module docstring); called first thing in a rank."""
+    signal_on_parent_death(signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the kernel was asked
+        os._exit(0)
+    threading.Thread(target=_wait_for_eof, args=(lifeline,), name="lifeline", daemon=True).start()
+
+
+def _wait_for_eof(lifeline: Connection) -> None:
+    """Block until the parent's end of ``lifeline`` closes (nothing is ever sent on it), then end the rank."""
+    with contextlib.suppress(EOFError, OSError):
+        while True:
+            lifeline.recv_bytes()
+    os._exit(0)
+
+
+def _rank_main(
+    rank: int,
+    tp: int,
+    backend: str,
+    port: int,
+    conn: Connection,
+    env: dict[str, str],
+    parent: tuple[int, Connection],
+) -> None:
+    """One rank: join the process group, then run the tasks that arrive on ``conn`` until told to stop.
+    ``parent``: the parent's pid and the read end of its lifeline pipe."""
+    _die_with_parent(*parent)
     os.environ.update(_SAFE_ENV | env)
     import torch
     import torch.distributed as dist
@@ -175,6 +224,8 @@ class TPGroup:
         self.compile_limit_s = compile_limit_s
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: list[Connection] = []
+        self._lifeline: Connection | None = None
+        """The write end of the ranks' lifeline pipe: it closes when this process dies, and the ranks end."""
         self.starts = 0
 
     def __enter__(self) -> TPGroup:
@@ -249,15 +300,19 @@ class TPGroup:
         self.close()
         ctx = mp.get_context("spawn")
         port = _free_port()
+        lifeline, self._lifeline = ctx.Pipe(duplex=False)
         for rank in range(self.tp):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_rank_main, args=(rank, self.tp, self.backend, port, child, self.env), daemon=True
+                target=_rank_main,
+                args=(rank, self.tp, self.backend, port, child, self.env, (os.getpid(), lifeline)),
+                daemon=True,
             )
             proc.start()
             child.close()
             self._procs.append(proc)
             self._conns.append(parent)
+        lifeline.close()
         self.starts += 1
         replies = self._collect(self.start_timeout_s, what="process group start-up")
         errors = [r for kind, r in replies if kind == "error"]
@@ -277,7 +332,9 @@ class TPGroup:
                 proc.join(timeout=5.0)
         for conn in self._conns:
             conn.close()
-        self._procs, self._conns = [], []
+        if self._lifeline is not None:
+            self._lifeline.close()
+        self._procs, self._conns, self._lifeline = [], [], None
 
 
 class _WatchdogClock:

@@ -46,6 +46,7 @@ from storage.trials import (
     fail_trial,
     get_trial,
     list_trials,
+    release_trial,
     renew_lease,
 )
 from storage.tuning import open_study, optuna_storage, record_winner
@@ -108,6 +109,7 @@ __all__ = [
     "record_winner",
     "register_worker",
     "release_leadership",
+    "release_trial",
     "renew_lease",
     "session_factory",
     "set_job_status",

@@ -257,6 +257,30 @@ def fail_trial(
 
 
 @wraps_driver_errors
+def release_trial(*, session: Session, trial_id: int, worker_id: str, nonce: str, now: datetime | None = None) -> Trial:
+    """Hand a leased trial back to the queue at once (a worker told to stop: scancel, a pod's eviction), if
+    ``worker_id`` still holds its lease with ``nonce``, else `LeaseLost`.
+
+    The trial waits again as it was queued, for the next claim by any worker; nothing is told to the tuner,
+    since nothing was measured.  Unlike a lease left to run out, no other worker waits the lease out first.
+    """
+    now = now or utcnow()
+    values = {
+        "state": TrialState.WAITING,
+        "worker_id": None,
+        "lease_expires_at": None,
+        "lease_nonce_hash": None,
+        "started_at": None,
+    }
+    trial = _finish(session=session, trial_id=trial_id, conditions=_lease_held(worker_id, nonce, now), values=values)
+    if trial is None:
+        raise _lease_lost(session=session, trial_id=trial_id, worker_id=worker_id, nonce=nonce)
+    _worker_idle(session=session, worker_id=worker_id, now=now)
+    session.commit()
+    return trial
+
+
+@wraps_driver_errors
 def expire_leases(*, session: Session, now: datetime | None = None) -> list[Trial]:
     """Fail every running trial whose lease ended before ``now``, with reason `LEASE_EXPIRED`.
 

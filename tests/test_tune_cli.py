@@ -41,12 +41,14 @@ def tune(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_tune_writes_a_preset_with_every_slot_and_stores_valid_winners(tmp_path: Path) -> None:
-    result = tune("--trials", "8", tmp_path=tmp_path)
+    result = tune("--trials", "8", "--for", "te-layer", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "out" / f"{PRESET}.yaml").read_text()
     preset = yaml.safe_load(text)
     te_dict = json.loads((tmp_path / "out" / f"{PRESET}.json").read_text())
-    assert te_dict.keys() == preset.keys()
+    assert te_dict.keys() == preset.keys()  # both made for te-layer: the same joint choice
+    assert "# autotune-switches (te-layer): " in text and "for te-layer, run with:" in result.stdout
+    assert "settings compared (summed ms of " in result.stdout
     slots = [slot.value for slot in tunable_slots(ModelShape(hidden=64, tp=2, seq=32))]
     for slot in slots:  # a wgrad slot is left out (with a note) when its dgrad slot reduce-scatters
         assert slot in preset or f"# {slot}: left out" in text, slot

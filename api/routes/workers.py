@@ -112,6 +112,14 @@ def renew(
     return LeasePublic(lease_expires_at=expires)
 
 
+@router.post("/{worker_id}/trials/{trial_id}/release", responses=ERRORS)
+def release(worker_id: WorkerId, trial_id: TrialId, nonce: LeaseNonce, session: SessionDep) -> TrialPublicState:
+    """Hand the leased trial back to the queue now (a worker told to stop), rather than at its lease's end;
+    409 once the worker no longer holds it."""
+    trial = storage.release_trial(session=session, trial_id=trial_id, worker_id=worker_id, nonce=nonce)
+    return TrialPublicState(id=trial.id, state=trial.state.value)
+
+
 @router.post("/{worker_id}/trials/{trial_id}/result", responses={**ERRORS, 422: {"model": ErrorPublic}})
 def report(
     worker_id: WorkerId,

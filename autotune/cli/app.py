@@ -13,7 +13,7 @@ import httpx
 import typer
 from typer.core import TyperGroup
 
-from autotune.cli import client, measure, preset, serve, tune, validate, worker
+from autotune.cli import client, fleet, measure, preset, serve, tune, validate, worker
 from autotune.client import RequestRejected
 from overlap_runtime.errors import AutotuneError, InputError
 from storage.errors import StorageError
@@ -59,6 +59,7 @@ class _ExitCodes(TyperGroup):
 app = typer.Typer(cls=_ExitCodes, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 app.command("measure")(measure.measure)
 app.add_typer(preset.app, name="preset")
+app.add_typer(fleet.app, name="fleet")
 app.command("serve")(serve.serve)
 app.command("worker")(worker.worker)
 app.command("tune")(tune.tune)

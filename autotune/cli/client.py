@@ -21,7 +21,7 @@ from autotune.cli.local_token import read_token
 from autotune.cli.output import console, write_out
 from autotune.cli.progress import JobProgress, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
-from autotune.client import DEFAULT_CONTROLLER, Client
+from autotune.client import DEFAULT_CONTROLLER, ENDED, Client
 from autotune.tuner.gpu import CPU
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
@@ -29,8 +29,6 @@ from search_spaces import FORMATS, FormatName, read_file
 from search_spaces.consumers import Consumer, rendered, switch_lines
 from search_spaces.export import ALTERNATIVES_SHOWN
 from search_spaces.formats import exported_of
-
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def controller_url(value: str) -> str:
@@ -120,10 +118,10 @@ def _follow(client: Client, job_id: str, *, as_json: bool) -> None:
     """Follow the job's events (`JobProgress`: a bar on a terminal, lines elsewhere), print it, exit 1 unless
     it succeeded."""
     job = client.job(job_id)
-    if job.status not in TERMINAL:
+    if job.status not in ENDED:
         with JobProgress(job_id) as shown:
             shown.show(job)  # at once: a job that waits says so now, not when its first event comes
-            while job.status not in TERMINAL:
+            while job.status not in ENDED:
                 for job in client.progress(job_id):
                     shown.show(job)
                 job = client.job(job_id)  # the stream ended: done, or the server closed it (then follow again)
@@ -156,6 +154,8 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
             ("final" if best.final else "so far") if best else "",
         )
     console().print(table)
+    if job.consumer_choice is not None:
+        _print_consumer(job.consumer_choice)
 
 
 @takes_shape_filter

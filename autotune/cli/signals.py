@@ -12,16 +12,14 @@ parent elsewhere, so no worker is left retrying forever with PPID 1.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import sys
 import threading
 import time
 from types import FrameType
 
-PR_SET_PDEATHSIG = 1
-"""prctl(2)'s option: the signal this process gets when its parent dies."""
+from overlap_runtime.group import signal_on_parent_death
+
 PARENT_WATCH_S = 1.0
 """How often the watch thread (where there is no PR_SET_PDEATHSIG) looks at its parent."""
 
@@ -36,18 +34,11 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 
 def exit_with_parent(parent_pid: int) -> None:
     """SIGTERM to this process once ``parent_pid``, its parent, is gone (call `stop_on_sigterm` first)."""
-    if _ask_kernel(signal.SIGTERM):
+    if signal_on_parent_death(signal.SIGTERM):
         if os.getppid() != parent_pid:  # the parent died before the kernel was asked
             os.kill(os.getpid(), signal.SIGTERM)
         return
     threading.Thread(target=_watch, args=(parent_pid,), name="parent-watch", daemon=True).start()
-
-
-def _ask_kernel(sig: signal.Signals) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
 def _watch(parent_pid: int) -> None:

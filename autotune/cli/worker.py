@@ -35,12 +35,29 @@ def worker(
             envvar="AUTOTUNE_TOKEN", help="The controller's token, to register with where it has no worker token"
         ),
     ] = None,
-    name: Annotated[str | None, typer.Option(help="Name on the dashboard (default: host-pid)")] = None,
-    poll_s: Annotated[float, typer.Option(min=0.05, help="Pause when there is no work")] = 1.0,
+    name: Annotated[
+        str | None,
+        typer.Option(help="Name on the dashboard (default: the Slurm job and task, or the pod, else host-pid)"),
+    ] = None,
+    poll_s: Annotated[
+        float, typer.Option(min=0.05, help="Pause when there is no work (doubling, up to 8x, while none comes)")
+    ] = 1.0,
     heartbeat_s: Annotated[float, typer.Option(min=0.1)] = 10.0,
     trial_timeout_s: Annotated[
         float, typer.Option(min=0.001, help="Per config and round before a trial is hung")
     ] = 180.0,
+    exit_when_idle: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="Exit 0 after this many seconds with nothing to claim (exit 1 if the controller stayed "
+            "unreachable that long): the end of a Slurm array task or a Kubernetes Job",
+        ),
+    ] = None,
+    max_jobs: Annotated[
+        int | None,
+        typer.Option(min=1, help="Exit 0, once idle, when this many of the jobs it ran trials for have ended"),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
     parent_pid: Annotated[
         int | None, typer.Option(hidden=True, help="Exit when this process, the serve that started it, dies")
@@ -49,7 +66,8 @@ def worker(
     """Register with the controller, then claim, measure and report trials; a failing config never stops it.
 
     It registers with the worker token if given one, else with the clients' token (a controller without a
-    worker token takes that); every later call speaks with the secret the registration returned.
+    worker token takes that); every later call speaks with the secret the registration returned.  SIGTERM
+    hands the trial it measures back to the queue and ends its rank processes (exit 130).
     """
     backend = backend or default_backend()
     if backend not in BACKENDS:
@@ -62,6 +80,12 @@ def worker(
     if parent_pid is not None:
         signals.exit_with_parent(parent_pid)
     options = WorkerOptions(
-        backend=backend, name=name, poll_s=poll_s, heartbeat_s=heartbeat_s, trial_timeout_s=trial_timeout_s
+        backend=backend,
+        name=name,
+        poll_s=poll_s,
+        heartbeat_s=heartbeat_s,
+        trial_timeout_s=trial_timeout_s,
+        exit_when_idle_s=exit_when_idle,
+        max_jobs=max_jobs,
     )
     run_worker(controller=controller, token=worker_token or token or read_token(), options=options)
