@@ -22,30 +22,20 @@ from types import MappingProxyType
 from typing import Any
 
 from overlap_runtime.config import DeviceLimits, Method
-from overlap_runtime.knobs import MAX_NUM_SM, TE_MAX_SMS
+from overlap_runtime.knobs import BY_NAME, MAX_NUM_SM, TE_MAX_SMS, Origin
 from search_spaces.methods import SEARCH_SPECS
 from search_spaces.methods.spec import TreeFn
 from search_spaces.space import sm_choices
 
-TE_PARAMS = (
-    "num_splits",
-    "aggregate",
-    "pipeline_rs_overlap_first_gemm",
-    "use_ce",
-    "set_sm_margin",
-    "num_sm",
-    "cga_size",
-    "comm_priority",
-    "gemm_priority",
-)
-"""The knobs the te trees ask."""
-
 
 def te_choices(ours: Mapping[str, tuple], limits: DeviceLimits | None) -> dict[str, tuple]:
-    """The choice lists of the te space: our runtime's for TE's keys (``ours``), num_sm capped at TE's 32,
-    and the priorities (module docstring) from the device's range (the usual (-5, 0) where unknown)."""
+    """The choice lists of the te space: our runtime's for TE's keys (``ours``; not the FP8 ones: the te backend
+    measures bf16), num_sm capped at TE's 32, and the priorities (module docstring) from the device's range
+    (the usual (-5, 0) where unknown)."""
     hi, lo = (limits or DeviceLimits(sm_count=MAX_NUM_SM + 1)).priority_range
-    choices: dict[str, Any] = {name: ours[name] for name in TE_PARAMS if name in ours}
+    choices: dict[str, Any] = {
+        name: values for name, values in ours.items() if BY_NAME[name].origin == Origin.TE and BY_NAME[name].fp8 is None
+    }
     choices["num_sm"] = tuple(n for n in sm_choices(limits) if n <= TE_MAX_SMS)
     choices["comm_priority"] = (None, lo)
     choices["gemm_priority"] = (None, hi)
