@@ -31,7 +31,8 @@ test: $(STAMP) $(CHROMIUM) $(SLURM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	# Four test files at a time: most of the suite waits on controllers, workers and rank processes, not on the CPU.
+	$(BIN)/pytest -q -n 4 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .
