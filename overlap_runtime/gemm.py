@@ -82,8 +82,13 @@ SMEM_SLACK = 1024
 MAX_INT32_OFFSET = 2**31 - 1
 """The kernel computes element offsets in int32: larger views are rejected, not silently wrapped."""
 
-MAX_TAIL_SPLITS = 4
-"""Most K parts `split_tail` cuts a tile into: each part costs a pipeline fill and an fp32 partial."""
+MAX_TAIL_SPLITS = 6
+"""Most K parts `split_tail` cuts a tile into: each part costs a pipeline fill and an fp32 partial.  One H200
+(2026-12-03), 3456x2560x8192 (6 tiles in the last round): 4 / 6 / 8 parts ran at 0.925 / 0.942 / 0.944 of
+the library's speed at BF16, 0.861 / 0.863 / 0.853 at FP8."""
+
+MIN_PART_STEPS = 8
+"""Fewest K steps of one part of a `split_tail` tile: a shorter part is mostly its pipeline's fill."""
 
 # Relative speed of one program per tile shape (tile flops per unit time, 128x256 = 1), used by
 # `choose_config` to trade tile efficiency against idle SMs in the last wave.  From `bench/gemm_bench.py`
@@ -423,7 +428,16 @@ def add_parts(scratch, tail, acc, pid, t, C: tl.constexpr):
     [tail_tiles * splits, BLOCK_M * BLOCK_N], row = program) and bumps the tile's counter in ``locks``
     (acq_rel: the stores before it are visible to whoever reads the count after it).  The last one adds all
     parts in split order (the sum does not depend on who arrived last) and resets the counter to 0 for the
-    next launch.  Nobody waits.
+    next launch.  Nobody waits.  Of two parts, the last adds the other's to its own in registers: fp32
+    addition commutes, so the sum is the same whichever arrived last, and it reads one tile, not two.
+
+    One H200 (`bench/gemm_bench.py`'s worst layer shapes, 2026-12-03): reading one tile instead of two took
+    two-part split tails 1-3% faster at BF16 and FP8 (2048x2560x5120 FP8 0.695 -> 0.714 of the library's
+    speed, 8192x1280x2560 FP8 0.754 -> 0.786).  Two ways to read fewer tiles with more parts were slower:
+    pairs of pairs (a tree that adds siblings as they meet: ceil(log2(splits)) stores, counts and reads in
+    a row, 1-3% slower at 3 and 4 parts) and the last part taking its own from registers while adding the
+    others in split order (its part and the sum both held in registers: split tails at 4 parts no faster
+    than none at all, 2048x2560x5120 BF16 0.64 of the library's speed against 0.80).
     """
     partials, locks = scratch
     tail_tiles, splits = tail
@@ -434,18 +448,24 @@ def add_parts(scratch, tail, acc, pid, t, C: tl.constexpr):
     total = acc
     if last:
         tl.debug_barrier()  # every thread reads after the acquire
-        total = tl.full((C.BLOCK_M, C.BLOCK_N), 0.0, dtype=tl.float32)
-        for q in range(0, splits):
-            total += tl.load(partials + (t + q * tail_tiles) * (C.BLOCK_M * C.BLOCK_N) + local, cache_modifier=".cg")
+        if splits == 2:
+            other = t + (1 - pid // tail_tiles) * tail_tiles
+            total = acc + tl.load(partials + other * (C.BLOCK_M * C.BLOCK_N) + local, cache_modifier=".cg")
+        else:
+            total = tl.full((C.BLOCK_M, C.BLOCK_N), 0.0, dtype=tl.float32)
+            for q in range(0, splits):
+                total += tl.load(
+                    partials + (t + q * tail_tiles) * (C.BLOCK_M * C.BLOCK_N) + local, cache_modifier=".cg"
+                )
         tl.store(locks + t, 0)
     return last, total
 
 
 def tail_splits(tiles: int, gemm_sms: int, steps: int) -> int:
     """How many K parts `split_tail` cuts each tile of the last, part-empty wave into (0: no split): as many
-    as idle programs allow, at most `MAX_TAIL_SPLITS` and never below 8 K steps a part."""
+    as idle programs allow, at most `MAX_TAIL_SPLITS` and never below `MIN_PART_STEPS` K steps a part."""
     tail = tiles % gemm_sms
-    splits = min(gemm_sms // tail, MAX_TAIL_SPLITS, steps // 8) if tail else 0
+    splits = min(gemm_sms // tail, MAX_TAIL_SPLITS, steps // MIN_PART_STEPS) if tail else 0
     return splits if splits >= 2 else 0
 
 
