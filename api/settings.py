@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     max_streams: int = Field(default=1000, ge=1, le=100_000)
     """Event streams (``/v1/jobs/{id}/events``) open at once in one process; past it a stream is a 503 with
     ``Retry-After``.  A waiting stream holds no database connection (`api.events`), only a socket."""
+    max_body_bytes: int = Field(default=1 << 20, ge=1 << 10, le=1 << 30)
+    """Largest request body taken (``AUTOTUNE_MAX_BODY_BYTES``, 1 MiB); a larger one is a 413 before it is read
+    (`api.body_limit`).  The largest real body, a result of 64 measurements with their repeats, is far below."""
     queue_depth: int = Field(default=2, ge=1, le=64)
     """Waiting trials kept per slot beyond those running, so a free worker never waits for an ask."""
 
