@@ -17,7 +17,7 @@ from storage.best import get_best, list_winners, tuned_shapes, upsert_best
 from storage.counts import StateCounts, state_counts
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
 from storage.errors import Conflict, NotFound, StorageError, public_reason
-from storage.health import probe_write, reclaim
+from storage.health import probe_read, probe_write, reclaim
 from storage.jobs import cancel_job, create_job, first_configs, get_job, list_jobs, set_job_status
 from storage.leader import SCHEDULER, acquire_leadership, get_leader, release_leadership
 from storage.migrate import VERSION_TABLE, alembic_config, current_revision, upgrade
@@ -103,6 +103,7 @@ __all__ = [
     "mark_lost_workers",
     "open_study",
     "optuna_storage",
+    "probe_read",
     "probe_write",
     "public_reason",
     "reclaim",

@@ -34,7 +34,7 @@ from api.schemas.common import (
     TeEntryBody,
 )
 from api.schemas.errors import ErrorItem, ErrorPublic
-from api.schemas.health import HealthPublic
+from api.schemas.health import HealthPublic, LivePublic, ReadyPublic
 from api.schemas.jobs import (
     MAX_FIRST_CONFIGS,
     BestSoFar,
@@ -87,6 +87,7 @@ __all__ = [
     "JobSummary",
     "JobsPage",
     "LeasePublic",
+    "LivePublic",
     "MeasurementCreate",
     "Name",
     "NearestLayer",
@@ -95,6 +96,7 @@ __all__ = [
     "OverlapConfigBody",
     "Progress",
     "ProposalBody",
+    "ReadyPublic",
     "SeriesCreate",
     "ShapeCreate",
     "ShapeLookup",
