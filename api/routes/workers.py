@@ -151,10 +151,11 @@ def report(
         )
     dumped = [m.model_dump(exclude_unset=True) for m in measurements]
     study = storage.get_layer_study(session=session, study_id=trial.study_id)
-    backend = storage.get_job(session=session, job_id=study.job_id).backend.value
+    job = storage.get_job(session=session, job_id=study.job_id)
+    dtype = str(job.shape.get("dtype", "bf16"))
     for index, data in enumerate(dumped):
         try:
-            check_physical(data, backend=backend)
+            check_physical(data, backend=job.backend.value, dtype=dtype)
         except InputError as e:
             raise InputError(f"measurements.{index}.{e.field}", e.rule, e.value) from None
     trial = storage.complete_trial(
