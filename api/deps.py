@@ -33,6 +33,11 @@ registration_bearer = HTTPBearer(
     scheme_name="WorkerToken",
     description="The controller's worker token (AUTOTUNE_WORKER_TOKEN); its token (AUTOTUNE_TOKEN) where it has none",
 )
+admin_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="AdminToken",
+    description="The controller's admin token (AUTOTUNE_ADMIN_TOKEN); its token (AUTOTUNE_TOKEN) where it has none",
+)
 worker_bearer = HTTPBearer(
     auto_error=False, scheme_name="WorkerSecret", description="The worker's own secret, from its registration"
 )
@@ -121,6 +126,21 @@ async def require_registration(
     )  # fmt: skip
 
 
+async def require_admin(
+    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(admin_bearer)]
+) -> None:
+    """Let a revocation through with the controller's admin token, or, where it has none, with the clients'
+    token (`require_token`); under --no-auth, with nothing."""
+    if settings.admin_token is None:
+        await require_token(settings, credentials)
+        return
+    _require_bearer(
+        credentials, settings.admin_token, "the controller's admin token", "AUTOTUNE_ADMIN_TOKEN",
+        other=settings.token,
+        other_rule="is the clients' token, which does not revoke workers: send the admin token (AUTOTUNE_ADMIN_TOKEN)",
+    )  # fmt: skip
+
+
 def _require_bearer(
     credentials: HTTPAuthorizationCredentials | None,
     expected: SecretStr,
@@ -177,6 +197,8 @@ Authorized = Depends(require_token)
 """Put in a route's ``dependencies=[...]`` for writes (the clients' token)."""
 Registration = Depends(require_registration)
 """Put in the worker registration's ``dependencies=[...]`` (the worker token, or the clients' where there is none)."""
+Admin = Depends(require_admin)
+"""Put in a revocation's ``dependencies=[...]`` (the admin token, or the clients' where there is none)."""
 WorkerId = Annotated[str, Depends(require_worker)]
 """A worker call's worker id, authenticated by that worker's secret."""
 LeaseNonce = Annotated[

@@ -31,6 +31,7 @@ from api.schemas import (
     TrialsPage,
     WorkerCreated,
     WorkerPublic,
+    WorkerRevoked,
 )
 from overlap_runtime.errors import AutotuneError, LeaseLost
 from overlap_runtime.shape import ModelShape
@@ -207,6 +208,11 @@ class Client:
 
     def workers(self) -> list[WorkerPublic]:
         return _WORKERS.validate_json(self._send("GET", "/v1/workers").content)
+
+    def revoke(self, worker_id: str) -> WorkerRevoked:
+        """Revoke a worker (this client's ``token`` is the controller's admin token, or its clients' token where
+        it has none): its secret ends, its leased trials wait again, its results leave the studies and winners."""
+        return self._call(WorkerRevoked, "DELETE", f"/v1/workers/{worker_id}")
 
     # -- workers ------------------------------------------------------------------------------------
     # Registration sends this client's ``token``: the controller's worker token, or its clients' token where it

@@ -35,6 +35,7 @@ from storage.models import (
     WorkerStatus,
 )
 from storage.page import Page
+from storage.revocation import REVOKED, Revocation, revoke_worker
 from storage.studies import add_layer_study, get_layer_study, list_layer_studies, update_layer_study
 from storage.trials import (
     LEASE_EXPIRED,
@@ -54,6 +55,7 @@ from storage.workers import authenticate_worker, get_worker, heartbeat, list_wor
 
 __all__ = [
     "LEASE_EXPIRED",
+    "REVOKED",
     "SCHEDULER",
     "VERSION_TABLE",
     "Backend",
@@ -67,6 +69,7 @@ __all__ = [
     "NotFound",
     "Page",
     "Purpose",
+    "Revocation",
     "StateCounts",
     "StorageError",
     "Trial",
@@ -112,6 +115,7 @@ __all__ = [
     "release_leadership",
     "release_trial",
     "renew_lease",
+    "revoke_worker",
     "session_factory",
     "set_job_status",
     "state_counts",

@@ -14,13 +14,15 @@ config.
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response, status
 
 import storage
-from api.deps import LeaseNonce, MetricsDep, Registration, SessionDep, SettingsDep, WorkerId
+from api.deps import Admin, BestCacheDep, LeaseNonce, MetricsDep, Registration, SessionDep, SettingsDep, WorkerId
 from api.schemas import (
     ClaimPublic,
     ErrorPublic,
@@ -31,6 +33,7 @@ from api.schemas import (
     WorkerCreate,
     WorkerCreated,
     WorkerPublic,
+    WorkerRevoked,
 )
 from api.trial_rows import measurement_json, proposal_of
 from overlap_runtime.errors import InputError
@@ -70,6 +73,17 @@ def register_worker(body: WorkerCreate, session: SessionDep) -> WorkerCreated:
         secret_hash=secret_hash,
     )
     return WorkerCreated(**WorkerPublic.model_validate(worker).model_dump(), secret=secret)
+
+
+@router.delete(
+    "/{worker_id}", dependencies=[Admin], responses={401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}}
+)
+def revoke_worker(worker_id: uuid.UUID, session: SessionDep, best_cache: BestCacheDep) -> WorkerRevoked:
+    """Revoke a worker: its secret ends (its next call is a 401), its leased trials wait again for other
+    workers, and its complete trials are withdrawn from the studies and the winners (`storage.revocation`)."""
+    revoked = storage.revoke_worker(session=session, worker_id=str(worker_id))
+    best_cache.clear()  # this process answers /v1/best from the winners left at once; others within the cache's ttl
+    return WorkerRevoked(**dataclasses.asdict(revoked))
 
 
 @router.post("/{worker_id}/heartbeat", responses=ERRORS)

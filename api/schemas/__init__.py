@@ -60,6 +60,7 @@ from api.schemas.workers import (
     WorkerCreate,
     WorkerCreated,
     WorkerPublic,
+    WorkerRevoked,
 )
 
 __all__ = [
@@ -113,4 +114,5 @@ __all__ = [
     "WorkerCreate",
     "WorkerCreated",
     "WorkerPublic",
+    "WorkerRevoked",
 ]

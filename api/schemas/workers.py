@@ -66,6 +66,18 @@ class WorkerCreated(WorkerPublic):
     """Send as ``Authorization: Bearer <secret>`` on this worker's heartbeats, claims, renewals and results."""
 
 
+class WorkerRevoked(BaseModel):
+    """The answer to ``DELETE /v1/workers/{id}``: what revoking the worker changed."""
+
+    worker_id: str
+    requeued: int
+    """Trials it held, waiting again for other workers."""
+    withdrawn: int
+    """Its complete trials, failed now with the reason that they were revoked."""
+    winners_removed: int
+    """Best configs it had measured, removed from ``/v1/best``."""
+
+
 class ClaimPublic(BaseModel):
     trial_id: int
     job_id: str

@@ -69,6 +69,10 @@ def serve(
             help="Bearer token for worker registration only, refusing --token there (or AUTOTUNE_WORKER_TOKEN)"
         ),
     ] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(help="Bearer token for revoking workers only, refusing --token there (or AUTOTUNE_ADMIN_TOKEN)"),
+    ] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="No token at all; loopback bind only")] = False,
     max_body_bytes: Annotated[
         int | None,
@@ -89,7 +93,7 @@ def serve(
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per study and trial would drown the log
     overrides: dict[str, Any] = {
         "db_url": db, "host": host, "port": port, "token": token, "worker_token": worker_token,
-        "max_body_bytes": max_body_bytes,
+        "max_body_bytes": max_body_bytes, "admin_token": admin_token,
     }  # fmt: skip
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if no_auth:
