@@ -49,6 +49,7 @@ from storage.trials import (
     list_trials,
     release_trial,
     renew_lease,
+    seen_gemm_ms,
 )
 from storage.tuning import open_study, optuna_storage, record_winner
 from storage.workers import authenticate_worker, get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
@@ -116,6 +117,7 @@ __all__ = [
     "release_trial",
     "renew_lease",
     "revoke_worker",
+    "seen_gemm_ms",
     "session_factory",
     "set_job_status",
     "state_counts",

@@ -171,6 +171,9 @@ class Trial(Base):
     lease_nonce_hash: Mapped[str | None] = mapped_column(String(64))
     """SHA-256 of the nonce handed out with the current claim (`storage.secrets`): renewals and results must
     repeat the nonce, so a result counts only from the worker holding this very lease."""
+    suspect: Mapped[str | None] = mapped_column(Text)
+    """Why this complete trial's result lies far outside what other workers measured for its study
+    (`storage.seen_gemm_ms`, `api.routes.workers`); a winner it measured is not published.  None: within."""
     attempts: Mapped[int] = mapped_column(default=0)
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]

@@ -121,3 +121,30 @@ def test_a_real_cpu_workers_results_land(service: Service) -> None:
     with service.client() as client:
         trials = client.all_trials(job_id)
     assert trials and all(t.state == "complete" for t in trials), [(t.state, t.error) for t in trials]
+
+
+FAST = consistent([0.10, 0.10, 0.11, 0.10], [0.09] * 4, [0.03] * 4, [0.12] * 4)
+"""A lie that adds up and breaks no physics, but whose GEMM alone ran 3x faster than other workers' did."""
+
+
+def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_its_winner_unpublished(service: Service) -> None:
+    with service.client() as client, httpx.Client(base_url=service.url, timeout=30) as http:
+        honest = client.register({"name": "honest", "host": "h", "backend": "cpu"})
+        liar = client.register({"name": "liar", "host": "h", "backend": "cpu"})
+        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
+        while True:  # the honest worker measures everything up to the finalists, the liar takes those
+            claim = service.wait_until(lambda: client.claim(honest), timeout_s=30, what="a claim")
+            if claim.proposal.purpose == "finalist":
+                client.release(honest, claim)
+                break
+            client.report(honest, claim, measurements=[GENUINE] * len(claim.proposal.configs))
+        final = service.wait_until(lambda: client.claim(liar), timeout_s=30, what="the liar's claim")
+        assert final.trial_id == claim.trial_id
+        assert client.report(liar, final, measurements=[FAST] * len(final.proposal.configs)).state == "complete"
+        assert service.wait_for_job(job_id).status == "succeeded"
+        trials = {t.id: t for t in client.all_trials(job_id)}
+        assert trials[final.trial_id].suspect is not None
+        assert "under 0.5 x the fastest GEMM of" in trials[final.trial_id].suspect
+        assert all(t.suspect is None for i, t in trials.items() if i != final.trial_id)
+        best = http.get("/v1/best", params={"hidden": 64, "tp": 2, "seq": 32, "gpu": "cpu"}).json()
+        assert best["measured"] is False, best

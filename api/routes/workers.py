@@ -43,11 +43,35 @@ from storage import Backend, secrets
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 TrialId = Annotated[int, Path(ge=1, le=(1 << 31) - 1)]
+SUSPECT_SHARE = 0.5
+"""A result whose GEMM alone (``gemm_ms``, the library GEMM of the slot: the same problem whatever the config)
+ran faster than this share of the fastest that other workers measured for the same GPU model, shape and
+slot is suspect: two GPUs of one model differ by a few percent, not by 2x.  The GEMM, not the overlap: a fast
+config is no lie, and physics ties the overlap to the GEMM (`check_physical`), so a forged fast overlap
+needs a forged fast GEMM."""
+SUSPECT_SEEN = 2
+"""Results of other workers needed before a result can be called suspect: with fewer, too little was seen."""
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorPublic},
     404: {"model": ErrorPublic},
     409: {"model": ErrorPublic},
 }
+
+
+def _suspect(measurements: list[dict[str, Any]], seen: list[float]) -> str | None:
+    """Why these measurements lie far outside ``seen`` (other workers' ``gemm_ms`` for the same study); None
+    when they do not, or when too little was seen to tell."""
+    if len(seen) < SUSPECT_SEEN:
+        return None
+    fastest = min(seen)
+    for index, data in enumerate(measurements):
+        gemm = data.get("gemm_ms")
+        if gemm is not None and gemm < SUSPECT_SHARE * fastest:
+            return (
+                f"measurements.{index}.gemm_ms is {gemm:.6g} ms, under {SUSPECT_SHARE:g} x the fastest GEMM of "
+                f"{len(seen)} results other workers measured for this GPU model, shape and slot ({fastest:.6g} ms)"
+            )
+    return None
 
 
 @router.get("")
@@ -172,12 +196,14 @@ def report(
             check_physical(data, backend=job.backend.value, dtype=dtype)
         except InputError as e:
             raise InputError(f"measurements.{index}.{e.field}", e.rule, e.value) from None
+    seen = storage.seen_gemm_ms(session=session, trial_id=trial_id, worker_id=worker_id)
     trial = storage.complete_trial(
         session=session,
         trial_id=trial_id,
         worker_id=worker_id,
         nonce=nonce,
         measurement=measurement_json([m.model_dump() for m in measurements]),
+        suspect=_suspect(dumped, seen),
     )
     metrics.observe_trial(trial)
     return TrialPublicState(id=trial.id, state=trial.state.value)

@@ -1,0 +1,31 @@
+"""Trials say why their result is suspect.
+
+Revision ID: 0010
+Revises: 0009
+Create Date: 2026-12-03
+
+``suspect`` is the reason a complete trial's result lies far outside what other workers measured for the
+same study (GPU model, shape, slot): its GEMM alone far faster than the fastest of theirs (issue 29).  Such a result is
+kept and told to the tuner, but a winner it measured is not published to ``/v1/best``.  NULL for every
+trial before this revision, and for every result within what was seen.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0010"
+down_revision: str | None = "0009"
+branch_labels: str | None = None
+depends_on: str | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("autotune_trials") as batch:
+        batch.add_column(sa.Column("suspect", sa.Text(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("autotune_trials") as batch:
+        batch.drop_column("suspect")
