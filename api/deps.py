@@ -115,15 +115,9 @@ async def require_registration(
     the clients' token, shared by every user, is refused here; and the worker token passes no client write,
     as `Settings.check_auth` keeps the two different.
     """
-    if settings.worker_token is None:
-        await require_token(settings, credentials)
-        return
-    _require_bearer(
-        credentials, settings.worker_token, "the controller's worker token", "AUTOTUNE_WORKER_TOKEN",
-        other=settings.token,
-        other_rule="is the clients' token, which does not register workers: send the worker token "
-        "(AUTOTUNE_WORKER_TOKEN)",
-    )  # fmt: skip
+    await _require_own_token(
+        settings, credentials, settings.worker_token, "worker token", "AUTOTUNE_WORKER_TOKEN", "register workers"
+    )
 
 
 async def require_admin(
@@ -131,13 +125,28 @@ async def require_admin(
 ) -> None:
     """Let a revocation through with the controller's admin token, or, where it has none, with the clients'
     token (`require_token`); under --no-auth, with nothing."""
-    if settings.admin_token is None:
+    await _require_own_token(
+        settings, credentials, settings.admin_token, "admin token", "AUTOTUNE_ADMIN_TOKEN", "revoke workers"
+    )
+
+
+async def _require_own_token(
+    settings: Settings,
+    credentials: HTTPAuthorizationCredentials | None,
+    own: SecretStr | None,
+    name: str,
+    variable: str,
+    power: str,
+) -> None:
+    """Let the request through with the controller's credential ``own`` for ``power``, refusing the clients'
+    token by name; where the controller has no such credential, with the clients' token (`require_token`)."""
+    if own is None:
         await require_token(settings, credentials)
         return
     _require_bearer(
-        credentials, settings.admin_token, "the controller's admin token", "AUTOTUNE_ADMIN_TOKEN",
+        credentials, own, f"the controller's {name}", variable,
         other=settings.token,
-        other_rule="is the clients' token, which does not revoke workers: send the admin token (AUTOTUNE_ADMIN_TOKEN)",
+        other_rule=f"is the clients' token, which does not {power}: send the {name} ({variable})",
     )  # fmt: skip
 
 
