@@ -42,7 +42,8 @@ RESULT = Measurement.measured(
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def service(request: pytest.FixtureRequest, make_service: Callable[..., Service]) -> Service:
-    service = make_service(db_url=request.getfixturevalue(f"{request.param}_url"))
+    # Leases long enough to outlast the CLI's start-up: the revocation, not the lease's end, frees the trial.
+    service = make_service(db_url=request.getfixturevalue(f"{request.param}_url"), env={"AUTOTUNE_LEASE_S": "60"})
     service.start_controller(extra=["--admin-token", ADMIN])
     return service
 
