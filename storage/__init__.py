@@ -16,6 +16,7 @@ Typical start-up::
 from storage.best import get_best, list_winners, tuned_shapes, upsert_best
 from storage.counts import StateCounts, state_counts
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
+from storage.enrolments import issue_enrolment, use_enrolment
 from storage.errors import Conflict, NotFound, StorageError, public_reason
 from storage.health import probe_read, probe_write, reclaim
 from storage.jobs import cancel_job, create_job, first_configs, get_job, list_jobs, set_job_status
@@ -99,6 +100,7 @@ __all__ = [
     "get_trial",
     "get_worker",
     "heartbeat",
+    "issue_enrolment",
     "list_jobs",
     "list_layer_studies",
     "list_trials",
@@ -125,4 +127,5 @@ __all__ = [
     "update_layer_study",
     "upgrade",
     "upsert_best",
+    "use_enrolment",
 ]

@@ -261,6 +261,18 @@ class LeaderLease(Base):
     """The role is free from this moment on unless the holder renews it first."""
 
 
+class Enrolment(Base):
+    """A one-time, short-lived token that registers one worker (`storage.enrolments`), kept as its hash."""
+
+    __tablename__ = f"{TABLE_PREFIX}enrolments"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None]
+    """When a worker registered with it; it registers nobody after that."""
+
+
 class HealthProbe(Base):
     """The row ``/healthz`` writes to learn whether the database still takes writes (`storage.health`)."""
 

@@ -122,3 +122,29 @@ def test_the_admin_token_is_a_credential_of_its_own(other: str) -> None:
         settings.check_auth()
     with pytest.raises(InputError, match="must not be empty"):
         Settings(token="clients", admin_token="").check_auth()
+
+
+def test_an_enrolment_token_registers_one_worker_once_before_it_expires(service: Service) -> None:
+    from conftest_service import CLI
+
+    worker = {"name": "node", "host": "h", "backend": "cpu"}
+    with httpx.Client(base_url=service.url, timeout=30) as http:
+        refused = http.post("/v1/workers/enrolments", json={}, headers=bearer(service.token))
+        assert refused.status_code == 401 and "clients' token" in refused.json()["detail"][0]["rule"]
+        enrolled = http.post("/v1/workers/enrolments", json={"ttl_s": 60}, headers=bearer(ADMIN))
+        assert enrolled.status_code == 201, enrolled.text
+        token = enrolled.json()["token"]
+        assert http.post("/v1/workers", json=worker, headers=bearer(token)).status_code == 201
+        again = http.post("/v1/workers", json=worker, headers=bearer(token))
+        assert again.status_code == 401 and again.json()["detail"][0]["field"] == "Authorization"
+        short = http.post("/v1/workers/enrolments", json={"ttl_s": 0.5}, headers=bearer(ADMIN)).json()["token"]
+        service.wait_until(
+            lambda: http.post("/v1/workers", json=worker, headers=bearer(short)).status_code == 401,
+            timeout_s=10,
+            what="the short-lived token to expire",
+        )
+        assert http.post("/v1/workers/enrolments", json={"ttl_s": 0}, headers=bearer(ADMIN)).status_code == 422
+    args = [*CLI, "workers", "enrol", "--controller", service.url, "--admin-token", ADMIN, "--ttl-s", "60"]
+    printed = subprocess.run(args, env=service.env, capture_output=True, text=True, timeout=60, check=True)
+    with service.client(token=printed.stdout.strip()) as client:
+        assert client.register(worker).secret

@@ -25,6 +25,8 @@ import storage
 from api.deps import Admin, BestCacheDep, LeaseNonce, MetricsDep, Registration, SessionDep, SettingsDep, WorkerId
 from api.schemas import (
     ClaimPublic,
+    EnrolmentCreate,
+    EnrolmentCreated,
     ErrorPublic,
     LeasePublic,
     ProposalBody,
@@ -97,6 +99,16 @@ def register_worker(body: WorkerCreate, session: SessionDep) -> WorkerCreated:
         secret_hash=secret_hash,
     )
     return WorkerCreated(**WorkerPublic.model_validate(worker).model_dump(), secret=secret)
+
+
+@router.post(
+    "/enrolments", status_code=status.HTTP_201_CREATED, dependencies=[Admin], responses={401: {"model": ErrorPublic}}
+)
+def enrol(body: EnrolmentCreate, session: SessionDep) -> EnrolmentCreated:
+    """A one-time enrolment token: one worker registers with it (as with the worker token), once, within
+    ``ttl_s``.  Shown this once; the controller keeps its hash."""
+    token, expires_at = storage.issue_enrolment(session=session, ttl=timedelta(seconds=body.ttl_s))
+    return EnrolmentCreated(token=token, expires_at=expires_at)
 
 
 @router.delete(

@@ -51,6 +51,8 @@ from api.schemas.jobs import (
 from api.schemas.workers import (
     BaselinesCreate,
     ClaimPublic,
+    EnrolmentCreate,
+    EnrolmentCreated,
     GpuInfo,
     LeasePublic,
     MeasurementCreate,
@@ -77,6 +79,8 @@ __all__ = [
     "ConfigBody",
     "ConsumerEntry",
     "ConsumerPublic",
+    "EnrolmentCreate",
+    "EnrolmentCreated",
     "ErrorItem",
     "ErrorPublic",
     "Finite",

@@ -66,6 +66,19 @@ class WorkerCreated(WorkerPublic):
     """Send as ``Authorization: Bearer <secret>`` on this worker's heartbeats, claims, renewals and results."""
 
 
+class EnrolmentCreate(Strict):
+    ttl_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 600.0
+    """How long the token registers a worker: 10 minutes unless told, a week at most."""
+
+
+class EnrolmentCreated(BaseModel):
+    """The answer to ``POST /v1/workers/enrolments``: the only time the token is shown."""
+
+    token: str
+    """Register one worker with it (``Authorization: Bearer <token>`` on ``POST /v1/workers``), once."""
+    expires_at: datetime
+
+
 class WorkerRevoked(BaseModel):
     """The answer to ``DELETE /v1/workers/{id}``: what revoking the worker changed."""
 

@@ -334,6 +334,20 @@ def revoke(
     )
 
 
+@workers_app.command("enrol")
+def enrol(
+    ttl_s: Annotated[float, typer.Option(min=1, max=7 * 86400, help="How long the token registers a worker")] = 600,
+    controller: Controller = DEFAULT_CONTROLLER,
+    admin_token: AdminToken = None,
+    as_json: AsJson = False,
+) -> None:
+    """Print a one-time enrolment token: one worker registers with it (``worker --worker-token TOKEN``), once,
+    within --ttl-s."""
+    with _client(controller, admin_token) as client:
+        enrolment = client.enrol(ttl_s=ttl_s)
+    typer.echo(enrolment.model_dump_json(indent=2) if as_json else enrolment.token)
+
+
 def _config_text(config: BaseModel) -> str:
     """A config or TE entry as the JSON writes it, on one line: ``bulk use_ce=True``."""
     knobs = config.model_dump()

@@ -1,4 +1,4 @@
-"""Trials say why their result is suspect.
+"""Trials say why their result is suspect; one-time enrolment tokens for workers.
 
 Revision ID: 0010
 Revises: 0009
@@ -8,6 +8,9 @@ Create Date: 2026-12-03
 same study (GPU model, shape, slot): its GEMM alone far faster than the fastest of theirs (issue 29).  Such a result is
 kept and told to the tuner, but a winner it measured is not published to ``/v1/best``.  NULL for every
 trial before this revision, and for every result within what was seen.
+
+``autotune_enrolments`` holds the SHA-256 of each enrolment token (`storage.enrolments`): one worker
+registers with it, once, before it expires.
 """
 
 from __future__ import annotations
@@ -24,8 +27,16 @@ depends_on: str | None = None
 def upgrade() -> None:
     with op.batch_alter_table("autotune_trials") as batch:
         batch.add_column(sa.Column("suspect", sa.Text(), nullable=True))
+    op.create_table(
+        "autotune_enrolments",
+        sa.Column("token_hash", sa.String(64), primary_key=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("used_at", sa.DateTime(timezone=True), nullable=True),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("autotune_enrolments")
     with op.batch_alter_table("autotune_trials") as batch:
         batch.drop_column("suspect")
