@@ -111,8 +111,9 @@ def enrol(body: EnrolmentCreate, session: SessionDep) -> EnrolmentCreated:
     return EnrolmentCreated(token=token, expires_at=expires_at)
 
 
+# The uuid converter: "/enrolments" is no worker id, so its path advertises POST alone (a 405's Allow).
 @router.delete(
-    "/{worker_id}", dependencies=[Admin], responses={401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}}
+    "/{worker_id:uuid}", dependencies=[Admin], responses={401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}}
 )
 def revoke_worker(worker_id: uuid.UUID, session: SessionDep, best_cache: BestCacheDep) -> WorkerRevoked:
     """Revoke a worker: its secret ends (its next call is a 401), its leased trials wait again for other
