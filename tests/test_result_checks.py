@@ -106,6 +106,9 @@ def test_each_lie_is_a_422_naming_its_field_and_a_genuine_result_lands(service: 
             refused = http.post(url, json={"measurements": [GENUINE] * (n - 1) + [lie]}, headers=headers)
             assert refused.status_code == 422, (what, refused.text)
             assert refused.json()["detail"][0]["field"] == f"measurements.{n - 1}.{field}", (what, refused.text)
+        heavy = {**GENUINE, "samples": [0.28] * 4097, "repeats": 4097, "hidden_ci": None}
+        refused = http.post(url, json={"measurements": [heavy] * n}, headers=headers)
+        assert refused.status_code == 422 and refused.json()["detail"][0]["field"] == "measurements", refused.text
         (trial,) = [t for t in client.all_trials(job_id) if t.id == claim.trial_id]
         assert trial.state == "running" and trial.measurement is None
         landed = http.post(url, json={"measurements": [GENUINE] * (n - 1) + [NOISY_CPU]}, headers=headers)

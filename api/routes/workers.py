@@ -39,7 +39,7 @@ from api.schemas import (
 )
 from api.trial_rows import measurement_json, proposal_of
 from overlap_runtime.errors import InputError
-from overlap_runtime.measurement import check_physical
+from overlap_runtime.measurement import MAX_REPORT_SAMPLES, check_physical, repeats_carried
 from storage import Backend, secrets
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
@@ -201,6 +201,11 @@ def report(
             "measurements", f"must hold one measurement per proposed config ({expected})", len(measurements)
         )
     dumped = [m.model_dump(exclude_unset=True) for m in measurements]
+    carried = sum(map(repeats_carried, dumped))
+    if carried > MAX_REPORT_SAMPLES:
+        raise InputError(
+            "measurements", f"must carry at most {MAX_REPORT_SAMPLES} repeats, baselines' included", carried
+        )
     study = storage.get_layer_study(session=session, study_id=trial.study_id)
     job = storage.get_job(session=session, job_id=study.job_id)
     dtype = str(job.shape.get("dtype", "bf16"))
