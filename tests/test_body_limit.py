@@ -109,3 +109,19 @@ def test_a_body_of_many_unknown_keys_answers_a_short_422_that_counts_the_rest(se
     # 20,000 unknown keys and the missing shape: 20,001 errors, 30 listed.
     assert last["field"] == "detail" and last["value"] == 20_001 - MAX_ITEMS, last
     assert f"{20_001 - MAX_ITEMS} more errors left out" in last["rule"]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_the_limit_is_settable(
+    database: str, request: pytest.FixtureRequest, make_service: Callable[..., Service]
+) -> None:
+    service = make_service(db_url=request.getfixturevalue(f"{database}_url"))
+    service.start_controller(extra=["--max-body-bytes", "2048"])
+    with httpx.Client(base_url=service.url, timeout=30) as client:
+        refused = client.post("/v1/jobs", content=b" " * 3000, headers={"Authorization": f"Bearer {service.token}"})
+        assert refused.status_code == 413
+        assert refused.json()["detail"][0]["rule"] == "must be at most 2048 bytes (AUTOTUNE_MAX_BODY_BYTES)"
+        job = {"shape": {"hidden": 64, "tp": 2, "seq": 32}, "backend": "cpu"}
+        assert (
+            client.post("/v1/jobs", json=job, headers={"Authorization": f"Bearer {service.token}"}).status_code == 202
+        )
