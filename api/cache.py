@@ -50,6 +50,10 @@ class AnswerCache:
         self._store(key, answer, started)
         return answer
 
+    def clear(self) -> None:
+        """Forget every answer (the winners changed: a worker was revoked); answers in flight still land."""
+        self._answers.clear()
+
     def _store(self, key: Hashable, answer: bytes, now: float) -> None:
         if len(self._answers) >= MAX_ENTRIES:
             self._answers = {k: v for k, v in self._answers.items() if v[0] > now}

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,6 +33,11 @@ registration_bearer = HTTPBearer(
     auto_error=False,
     scheme_name="WorkerToken",
     description="The controller's worker token (AUTOTUNE_WORKER_TOKEN); its token (AUTOTUNE_TOKEN) where it has none",
+)
+admin_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="AdminToken",
+    description="The controller's admin token (AUTOTUNE_ADMIN_TOKEN); its token (AUTOTUNE_TOKEN) where it has none",
 )
 worker_bearer = HTTPBearer(
     auto_error=False, scheme_name="WorkerSecret", description="The worker's own secret, from its registration"
@@ -101,23 +107,59 @@ async def require_token(
 
 
 async def require_registration(
-    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(registration_bearer)]
+    request: Request,
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(registration_bearer)],
 ) -> None:
     """Let a worker registration through with the controller's worker token, or, where it has none, with the
-    clients' token (`require_token`).
+    clients' token (`require_token`); or with an enrolment token, spent by this registration.
 
     Registering is what lets a process claim any job's trials and report on them, so with a worker token set
     the clients' token, shared by every user, is refused here; and the worker token passes no client write,
-    as `Settings.check_auth` keeps the two different.
+    as `Settings.check_auth` keeps the two different.  An enrolment token (`storage.enrolments`) registers one
+    worker, once, before it expires: the database is asked only when no token of the settings matched.
     """
-    if settings.worker_token is None:
+    try:
+        await _require_own_token(
+            settings, credentials, settings.worker_token, "worker token", "AUTOTUNE_WORKER_TOKEN", "register workers"
+        )
+    except HTTPException:
+        if credentials is None or not await run_in_threadpool(_enrol, request, credentials.credentials):
+            raise
+
+
+def _enrol(request: Request, token: str) -> bool:
+    with request.app.state.sessions() as session:
+        return storage.use_enrolment(session=session, token=token)
+
+
+async def require_admin(
+    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(admin_bearer)]
+) -> None:
+    """Let a revocation through with the controller's admin token, or, where it has none, with the clients'
+    token (`require_token`); under --no-auth, with nothing."""
+    await _require_own_token(
+        settings, credentials, settings.admin_token, "admin token", "AUTOTUNE_ADMIN_TOKEN", "revoke workers"
+    )
+
+
+async def _require_own_token(
+    settings: Settings,
+    credentials: HTTPAuthorizationCredentials | None,
+    own: SecretStr | None,
+    name: str,
+    variable: str,
+    power: str,
+) -> None:
+    """Let the request through with the controller's credential ``own`` for ``power``, refusing the clients'
+    token by name; where the controller has no such credential, with the clients' token (`require_token`)."""
+    if own is None:
         await require_token(settings, credentials)
         return
     _require_bearer(
-        credentials, settings.worker_token, "the controller's worker token", "AUTOTUNE_WORKER_TOKEN",
+        credentials, own, f"the controller's {name}", variable,
         other=settings.token,
-        other_rule="is the clients' token, which does not register workers: send the worker token "
-        "(AUTOTUNE_WORKER_TOKEN)",
+        other_rule=f"is the clients' token, which does not {power}: send the {name} ({variable})",
     )  # fmt: skip
 
 
@@ -176,7 +218,11 @@ def _unauthorized(rule: str) -> HTTPException:
 Authorized = Depends(require_token)
 """Put in a route's ``dependencies=[...]`` for writes (the clients' token)."""
 Registration = Depends(require_registration)
-"""Put in the worker registration's ``dependencies=[...]`` (the worker token, or the clients' where there is none)."""
+"""Put in the worker registration's ``dependencies=[...]`` (the worker token, or the clients' where there is none;
+or an enrolment token)."""
+Admin = Depends(require_admin)
+"""Put in a revocation's or enrolment's ``dependencies=[...]`` (the admin token, or the clients' where there is
+none)."""
 WorkerId = Annotated[str, Depends(require_worker)]
 """A worker call's worker id, authenticated by that worker's secret."""
 LeaseNonce = Annotated[

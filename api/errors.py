@@ -25,6 +25,9 @@ from storage import Conflict, NotFound, StorageError, public_reason
 
 MAX_VALUE_CHARS = 200
 """Echo at most this much of a bad value back: enough to recognise it, not a copy of a huge body."""
+MAX_ITEMS = 30
+"""List at most this many errors in one answer, then one item saying how many more were left out: a body
+with 20,000 unknown keys answers a few kilobytes, not megabytes (issue 29)."""
 _LOCATIONS = ("body", "query", "path", "header", "cookie")
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
@@ -57,17 +60,21 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def _respond(code: int, items: list[dict[str, Any]], headers: dict[str, str] | None = None) -> JSONResponse:
+def respond(code: int, items: list[dict[str, Any]], headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(status_code=code, content={"detail": items}, headers=headers)
 
 
 def _validation_items(_request: Request, exc: RequestValidationError) -> list[dict[str, Any]]:
+    found = exc.errors()
     items = []
-    for e in exc.errors():
+    for e in found[:MAX_ITEMS]:
         loc = [str(p) for p in e.get("loc", ())]
         field = ".".join(loc[1:] if loc and loc[0] in _LOCATIONS and len(loc) > 1 else loc) or "body"
         value = None if e.get("type") == "missing" else e.get("input")
         items.append(error(field, e.get("msg", "is invalid"), value))
+    if len(found) > MAX_ITEMS:
+        left_out = len(found) - MAX_ITEMS
+        items.append(error("detail", f"{left_out} more errors left out (at most {MAX_ITEMS} are listed)", left_out))
     return items
 
 
@@ -99,7 +106,7 @@ RETRY_AFTER_S = 5
 async def _answer(request: Request, exc: Exception) -> JSONResponse:
     code, items = next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
     headers = {"Retry-After": str(RETRY_AFTER_S)} if code == status.HTTP_503_SERVICE_UNAVAILABLE else None
-    return _respond(code, items(request, exc), headers=headers)
+    return respond(code, items(request, exc), headers=headers)
 
 
 async def _http(request: Request, exc: Exception) -> JSONResponse:
@@ -111,10 +118,10 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     elif exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
         allowed = _allowed_methods(request)
         items = [error("method", f"must be one of {', '.join(allowed)} on {request.url.path}", request.method)]
-        return _respond(exc.status_code, items, headers={"Allow": ", ".join(allowed)})
+        return respond(exc.status_code, items, headers={"Allow": ", ".join(allowed)})
     else:
         items = [error("request", str(exc.detail))]
-    return _respond(exc.status_code, items, headers=dict(exc.headers) if exc.headers else None)
+    return respond(exc.status_code, items, headers=dict(exc.headers) if exc.headers else None)
 
 
 def _allowed_methods(request: Request) -> list[str]:

@@ -10,8 +10,37 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.tuner.gpu import gpu_matches
+from autotune.tuner.gpu import GPU_MEMORY_GB, gpu_matches
+from overlap_runtime.errors import ShapeError
+from overlap_runtime.shape import ModelShape, Slot, slot_gemm
 from storage import Backend, Job, JobStatus, Worker, WorkerStatus
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def check_memory(shape: ModelShape, slots: Sequence[Slot], workers: Sequence[Worker]) -> None:
+    """Raise `ShapeError` (field ``shape``) when the operands of the job's largest slot on one rank
+    (`SlotGemm.operand_bytes`) exceed the memory of the largest GPU a registered worker reports, or, while
+    none reports one, of the largest GPU model known (`GPU_MEMORY_GB`): no worker could ever allocate them
+    (issue 29: a shape within every cap still asked a worker for 2.3e18 bytes)."""
+    gemm = max((slot_gemm(shape, slot) for slot in slots), key=lambda g: g.operand_bytes)
+    reported = [
+        (gpu["memory_total_mib"] * MIB, f"{gpu.get('name', 'a GPU')} of worker {worker.name}")
+        for worker in workers
+        for gpu in worker.gpus
+        if gpu.get("memory_total_mib")
+    ]
+    known = max((gb * 10**9, f"the largest known GPU model, {model}") for model, gb in GPU_MEMORY_GB.items())
+    memory, where = max(reported) if reported else known
+    if gemm.operand_bytes > memory:
+        raise ShapeError(
+            "shape",
+            f"{gemm.slot.value} needs {gemm.operand_bytes / GIB:.4g} GiB per rank for its GEMM's operands "
+            f"(A {gemm.m}x{gemm.k}, B {gemm.k}x{gemm.n}, output {gemm.m}x{gemm.n}), more than the "
+            f"{memory / GIB:.4g} GiB of {where}: raise tp or cp, or lower seq, mbs or the widths",
+            shape.as_given(),
+        )
 
 
 def fits(worker: Worker, job: Job) -> bool:

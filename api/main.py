@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 import storage
 from api import errors
+from api.body_limit import BodyLimit
 from api.cache import AnswerCache
 from api.events import JobFeed
 from api.logs import RateLimitedLog
@@ -98,7 +99,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.scheduler = None  # the `SchedulerThread` while the app runs one: /healthz says whether it leads
     app.state.metrics = create_metrics(sessions=app.state.sessions)
-    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)  # outermost: it counts the 413s too
     errors.install(app)
     for module in (jobs, best, presets, workers, health, metrics, dashboard):
         app.include_router(module.router, responses=COMMON_RESPONSES)

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     every user, and whoever may register a worker may claim any job's trials and report on them; set, it
     keeps that power from the clients' token, and it grants no client write itself.  None: registration takes
     `token`, the single-token setup of one user's machine."""
+    admin_token: SecretStr | None = None
+    """Bearer token for revoking workers only (``AUTOTUNE_ADMIN_TOKEN``), a credential of its own; None: the
+    clients' token revokes, the single-token setup of one user's machine."""
     no_auth: bool = False
     """Serve without a token; only allowed on a loopback bind."""
     default_backend: Backend = Backend.CUDA
@@ -61,6 +64,9 @@ class Settings(BaseSettings):
     max_streams: int = Field(default=1000, ge=1, le=100_000)
     """Event streams (``/v1/jobs/{id}/events``) open at once in one process; past it a stream is a 503 with
     ``Retry-After``.  A waiting stream holds no database connection (`api.events`), only a socket."""
+    max_body_bytes: int = Field(default=1 << 20, ge=1 << 10, le=1 << 30)
+    """Largest request body taken (``AUTOTUNE_MAX_BODY_BYTES``, 1 MiB); a larger one is a 413 before it is read
+    (`api.body_limit`).  The largest real body, a result of 64 measurements with their repeats, is far below."""
     queue_depth: int = Field(default=2, ge=1, le=64)
     """Waiting trials kept per slot beyond those running, so a free worker never waits for an ask."""
 
@@ -79,6 +85,7 @@ class Settings(BaseSettings):
             raise InputError(
                 "host", "must be a loopback address (127.0.0.1, ::1, localhost) when running with --no-auth", self.host
             )
+        self._check_admin_token()
         if self.worker_token is None:
             return
         worker_token = self.worker_token.get_secret_value()
@@ -91,6 +98,18 @@ class Settings(BaseSettings):
                 "worker_token",
                 "must differ from token: the clients' token must not register workers, nor this one write",
             )
+
+    def _check_admin_token(self) -> None:
+        """Raise `InputError` when the admin token is empty or one of the other credentials."""
+        if self.admin_token is None:
+            return
+        admin = self.admin_token.get_secret_value().encode()
+        if not admin:
+            raise InputError("admin_token", "must not be empty (unset AUTOTUNE_ADMIN_TOKEN to revoke with token)")
+        for name in ("token", "worker_token"):
+            other: SecretStr | None = getattr(self, name)
+            if other is not None and secrets.compare_digest(admin, other.get_secret_value().encode()):
+                raise InputError("admin_token", f"must differ from {name}: revoking workers is a power of its own")
 
     def check_scheduler(self) -> None:
         """Raise `InputError` unless the lease outlasts a few passes: a holder renews it once per pass, so a

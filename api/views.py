@@ -155,6 +155,7 @@ def trial_view(trial: Trial, *, slots: dict[int, str]) -> TrialPublic:
         config=ProposalBody.model_validate(trial.config),
         measurement=trial.measurement,
         error=trial.error,
+        suspect=trial.suspect,
         worker_id=trial.worker_id,
         attempts=trial.attempts,
         created_at=trial.created_at,

@@ -21,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter
 from api.schemas import (
     BestPublic,
     ClaimPublic,
+    EnrolmentCreated,
     JobAccepted,
     JobPublic,
     JobsPage,
@@ -31,6 +32,7 @@ from api.schemas import (
     TrialsPage,
     WorkerCreated,
     WorkerPublic,
+    WorkerRevoked,
 )
 from overlap_runtime.errors import AutotuneError, LeaseLost
 from overlap_runtime.shape import ModelShape
@@ -207,6 +209,16 @@ class Client:
 
     def workers(self) -> list[WorkerPublic]:
         return _WORKERS.validate_json(self._send("GET", "/v1/workers").content)
+
+    def revoke(self, worker_id: str) -> WorkerRevoked:
+        """Revoke a worker (this client's ``token`` is the controller's admin token, or its clients' token where
+        it has none): its secret ends, its leased trials wait again, its results leave the studies and winners."""
+        return self._call(WorkerRevoked, "DELETE", f"/v1/workers/{worker_id}")
+
+    def enrol(self, *, ttl_s: float) -> EnrolmentCreated:
+        """A one-time enrolment token that registers one worker within ``ttl_s`` (this client's ``token`` is the
+        controller's admin token, or its clients' token where it has none)."""
+        return self._call(EnrolmentCreated, "POST", "/v1/workers/enrolments", json={"ttl_s": ttl_s})
 
     # -- workers ------------------------------------------------------------------------------------
     # Registration sends this client's ``token``: the controller's worker token, or its clients' token where it

@@ -53,6 +53,7 @@ from bench.service_load import (
     serve,
     shapes,
 )
+from overlap_runtime.uncertainty import Series
 
 HEALTH_EVERY_S = 0.1
 TARGET_HEALTH_P99_MS = 100.0
@@ -79,15 +80,16 @@ def measurement(rng: random.Random) -> dict[str, Any]:
     """A plausible result (it passes the controller's physics check): the overlapped op a little slower
     than its GEMM, hiding part of a shorter collective."""
     gemm, comm = 1.0, 0.5
-    overlap = gemm + comm * rng.uniform(0.1, 0.9)
-    samples = [overlap * rng.uniform(0.99, 1.01) for _ in range(5)]
+    typical = gemm + comm * rng.uniform(0.1, 0.9)
+    repeats = Series(samples=[typical * rng.uniform(0.99, 1.01) for _ in range(5)])
+    samples, overlap = list(repeats.samples), repeats.median  # the controller recomputes both from the samples
     return {
         "gemm_ms": gemm,
         "comm_ms": comm,
         "serial_ms": gemm + comm,
         "overlap_ms": overlap,
         "rel_err": 1e-3,
-        "cv": 0.005,
+        "cv": repeats.cv,
         "repeats": len(samples),
         "valid": True,
         "samples": samples,

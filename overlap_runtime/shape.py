@@ -49,8 +49,11 @@ class FieldFacts:
     help: str
     """The CLI option's help and the API field's description."""
     most: int | None = None
-    """The API's upper bound of an int field (every int field is positive): far above any real model, so bad
-    input stops at validation and never reaches a database as an integer overflow."""
+    """The API's hard cap of an int field (every int field is positive, docs/rest.md, Jobs): above any real
+    model, yet a shape at every cap still stops at validation before a worker tries to allocate it (tp 64 is
+    the largest NVLink domain sold, GB200 NVL72's 72 GPUs rounded down to a power of two; hidden 128Ki and
+    ffn_hidden 512Ki are 5x the widest published models'; seq 4Mi and mbs 1Ki are past any training run).
+    What a GPU can hold within the caps is the controller's second check (`api.fit.check_memory`)."""
     choices: tuple[str, ...] = ()
     """The values a str field takes."""
     filter: bool = False
@@ -74,12 +77,12 @@ class ModelShape:
     these fields and their `FieldFacts` (`shape_fields`), and the storage key is `key`.
     """
 
-    hidden: int = field(metadata=_facts(help="Model width H", most=1 << 20))
-    tp: int = field(metadata=_facts(help="Tensor-parallel size", most=1024))
-    mbs: int = field(default=1, metadata=_facts(help="Micro-batch size", most=1 << 16))
-    seq: int = field(metadata=_facts(help="Sequence length", most=1 << 24))
+    hidden: int = field(metadata=_facts(help="Model width H", most=1 << 17))
+    tp: int = field(metadata=_facts(help="Tensor-parallel size", most=64))
+    mbs: int = field(default=1, metadata=_facts(help="Micro-batch size", most=1 << 10))
+    seq: int = field(metadata=_facts(help="Sequence length", most=1 << 22))
     ffn_hidden: int | None = field(
-        default=None, metadata=_facts(help="MLP width F (tuning default: 4 x hidden)", most=1 << 22, filter=True)
+        default=None, metadata=_facts(help="MLP width F (tuning default: 4 x hidden)", most=1 << 19, filter=True)
     )
     num_heads: int | None = field(
         default=None,
@@ -250,6 +253,13 @@ class SlotGemm:
     tp: int
     dtype: str = "bf16"
     """The shape's GEMM input dtype (`DTYPES`): fp8 GEMMs take E4M3 operands and write bf16."""
+
+    @property
+    def operand_bytes(self) -> int:
+        """Bytes of one rank's GEMM operands, A [m, k] and B [k, n] in the input dtype, and its bf16 output
+        [m, n]: the least a GPU must hold to run the slot at all."""
+        size = 1 if self.dtype == "fp8" else 2
+        return (self.m * self.k + self.k * self.n) * size + self.m * self.n * 2
 
 
 # Slots grouped by how their collective relates to the GEMM (docs/te_rules.md, Slots).

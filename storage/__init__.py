@@ -16,8 +16,9 @@ Typical start-up::
 from storage.best import get_best, list_winners, tuned_shapes, upsert_best
 from storage.counts import StateCounts, state_counts
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
+from storage.enrolments import issue_enrolment, use_enrolment
 from storage.errors import Conflict, NotFound, StorageError, public_reason
-from storage.health import probe_write, reclaim
+from storage.health import probe_read, probe_write, reclaim
 from storage.jobs import cancel_job, create_job, first_configs, get_job, list_jobs, set_job_status
 from storage.leader import SCHEDULER, acquire_leadership, get_leader, release_leadership
 from storage.migrate import VERSION_TABLE, alembic_config, current_revision, upgrade
@@ -35,6 +36,7 @@ from storage.models import (
     WorkerStatus,
 )
 from storage.page import Page
+from storage.revocation import REVOKED, Revocation, revoke_worker
 from storage.studies import add_layer_study, get_layer_study, list_layer_studies, update_layer_study
 from storage.trials import (
     LEASE_EXPIRED,
@@ -48,12 +50,14 @@ from storage.trials import (
     list_trials,
     release_trial,
     renew_lease,
+    seen_gemm_ms,
 )
 from storage.tuning import open_study, optuna_storage, record_winner
 from storage.workers import authenticate_worker, get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
 
 __all__ = [
     "LEASE_EXPIRED",
+    "REVOKED",
     "SCHEDULER",
     "VERSION_TABLE",
     "Backend",
@@ -67,6 +71,7 @@ __all__ = [
     "NotFound",
     "Page",
     "Purpose",
+    "Revocation",
     "StateCounts",
     "StorageError",
     "Trial",
@@ -95,6 +100,7 @@ __all__ = [
     "get_trial",
     "get_worker",
     "heartbeat",
+    "issue_enrolment",
     "list_jobs",
     "list_layer_studies",
     "list_trials",
@@ -103,6 +109,7 @@ __all__ = [
     "mark_lost_workers",
     "open_study",
     "optuna_storage",
+    "probe_read",
     "probe_write",
     "public_reason",
     "reclaim",
@@ -111,6 +118,8 @@ __all__ = [
     "release_leadership",
     "release_trial",
     "renew_lease",
+    "revoke_worker",
+    "seen_gemm_ms",
     "session_factory",
     "set_job_status",
     "state_counts",
@@ -118,4 +127,5 @@ __all__ = [
     "update_layer_study",
     "upgrade",
     "upsert_best",
+    "use_enrolment",
 ]

@@ -10,7 +10,7 @@ leaves behind.
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -18,6 +18,12 @@ from storage.errors import wraps_driver_errors
 from storage.models import HealthProbe, utcnow
 
 PROBE = "health"
+
+
+@wraps_driver_errors
+def probe_read(*, session: Session) -> None:
+    """Read once: raises `StorageError` when the database does not answer."""
+    session.execute(select(1)).one()
 
 
 @wraps_driver_errors

@@ -171,6 +171,9 @@ class Trial(Base):
     lease_nonce_hash: Mapped[str | None] = mapped_column(String(64))
     """SHA-256 of the nonce handed out with the current claim (`storage.secrets`): renewals and results must
     repeat the nonce, so a result counts only from the worker holding this very lease."""
+    suspect: Mapped[str | None] = mapped_column(Text)
+    """Why this complete trial's result lies far outside what other workers measured for its study
+    (`storage.seen_gemm_ms`, `api.routes.workers`); a winner it measured is not published.  None: within."""
     attempts: Mapped[int] = mapped_column(default=0)
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
@@ -256,6 +259,18 @@ class LeaderLease(Base):
     """When the current term began."""
     expires_at: Mapped[datetime]
     """The role is free from this moment on unless the holder renews it first."""
+
+
+class Enrolment(Base):
+    """A one-time, short-lived token that registers one worker (`storage.enrolments`), kept as its hash."""
+
+    __tablename__ = f"{TABLE_PREFIX}enrolments"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None]
+    """When a worker registered with it; it registers nobody after that."""
 
 
 class HealthProbe(Base):

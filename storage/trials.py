@@ -201,16 +201,17 @@ def complete_trial(
     worker_id: str,
     nonce: str,
     measurement: Mapping[str, Any],
+    suspect: str | None = None,
     now: datetime | None = None,
 ) -> Trial:
     """Store the worker's measurement and mark the trial complete, if the worker still holds its lease (the
-    one ``nonce`` was handed out with).
+    one ``nonce`` was handed out with); ``suspect``: why the result lies outside what was seen (`Trial.suspect`).
 
     A lease that ran out is lost even before `expire_leases` has run: from its expiry on, the controller is
     entitled to fail the trial and ask the config again, so a late result must not also count.
     """
     now = now or utcnow()
-    values = {"state": TrialState.COMPLETE, "measurement": dict(measurement), "finished_at": now}
+    values = {"state": TrialState.COMPLETE, "measurement": dict(measurement), "finished_at": now, "suspect": suspect}
     trial = _finish(session=session, trial_id=trial_id, conditions=_lease_held(worker_id, nonce, now), values=values)
     if trial is None:
         raise _lease_lost(session=session, trial_id=trial_id, worker_id=worker_id, nonce=nonce)
@@ -218,6 +219,25 @@ def complete_trial(
     _worker_idle(session=session, worker_id=worker_id, now=now)
     session.commit()
     return trial
+
+
+@wraps_driver_errors
+def seen_gemm_ms(*, session: Session, trial_id: int, worker_id: str) -> list[float]:
+    """Every ``gemm_ms`` that workers other than ``worker_id`` reported, unsuspected, in the study of
+    ``trial_id``: how fast this GPU model runs this shape's slot GEMM alone, whatever the config (an Optuna study is one GPU model,
+    shape and slot, shared by the jobs that ask for it, each with a `LayerStudy` row of its own)."""
+    trial = get_trial(session=session, trial_id=trial_id)
+    name = select(LayerStudy.optuna_study_name).where(LayerStudy.id == trial.study_id).scalar_subquery()
+    studies = select(LayerStudy.id).where(LayerStudy.optuna_study_name == name)
+    rows = session.scalars(
+        select(Trial.measurement).where(
+            Trial.study_id.in_(studies),
+            Trial.state == TrialState.COMPLETE,
+            Trial.worker_id != worker_id,
+            Trial.suspect.is_(None),
+        )
+    )
+    return [m["gemm_ms"] for row in rows if row for m in row.get("measurements", ()) if m.get("gemm_ms") is not None]
 
 
 @wraps_driver_errors

@@ -1,4 +1,12 @@
-"""``GET /healthz``: the process answers and its database does, reads and writes (a readiness probe).
+"""``GET /livez``, ``GET /readyz`` and ``GET /healthz``: Kubernetes' liveness and readiness probes, and the
+full health answer that came before them.
+
+``/livez`` says the process's event loop answers: an ``async`` route with no dependency, so it touches no
+database, waits for no thread of the pool (where every sync route queues) and holds no lock; a controller
+whose database is down is alive, and restarting it would not help.  ``/readyz`` reads the database once
+(``SELECT 1``): 503 while it does not answer, so a load balancer sends requests elsewhere meanwhile.
+
+``GET /healthz``: the process answers and its database does, reads and writes.
 
 It tells the truth about writes: a read-only database or a full disk still answers reads, so the probe
 also writes one row (`storage.probe_write`) and answers 503 with ``"status": "degraded"`` and the public
@@ -18,9 +26,23 @@ from sqlalchemy.orm import Session
 import storage
 from api.deps import SettingsDep
 from api.errors import RETRY_AFTER_S
-from api.schemas import ErrorPublic, HealthPublic
+from api.schemas import ErrorPublic, HealthPublic, LivePublic, ReadyPublic
 
 router = APIRouter(tags=["health"])
+
+
+@router.get("/livez")
+async def livez() -> LivePublic:
+    """200 while the process's event loop answers; reads nothing, waits for nothing."""
+    return LivePublic(status="ok")
+
+
+@router.get("/readyz", responses={503: {"model": ErrorPublic, "description": "The database does not answer"}})
+def readyz(request: Request) -> ReadyPublic:
+    """200 when the database answers a read; 503 (a `StorageError`, with ``Retry-After``) when it does not."""
+    with request.app.state.sessions() as session:
+        storage.probe_read(session=session)
+    return ReadyPublic(status="ok", database=request.app.state.engine.dialect.name)
 
 
 @router.get(

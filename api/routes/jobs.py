@@ -22,6 +22,7 @@ from api.deps import Authorized, SessionDep, SettingsDep
 from api.errors import error
 from api.events import RETRY_AFTER_S as STREAMS_RETRY_AFTER_S
 from api.events import JobFeed, StreamsFull, Subscription
+from api.fit import check_memory
 from api.schemas import ErrorPublic, JobAccepted, JobCreate, JobPublic, JobsPage, JobSummary, TrialsPage
 from api.views import job_view, trial_view
 from overlap_runtime.config import OverlapConfig
@@ -53,6 +54,7 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep, resp
     """Queue a tuning job; poll ``Location`` (or follow its ``/events``) until it has finished."""
     shape = body.shape.to_shape()
     slots = tunable_slots(shape, body.layers)
+    check_memory(shape, slots, storage.list_workers(session=session))
     backend = Backend(body.backend or settings.default_backend)
     job = storage.create_job(
         session=session,

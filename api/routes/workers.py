@@ -14,15 +14,19 @@ config.
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response, status
 
 import storage
-from api.deps import LeaseNonce, MetricsDep, Registration, SessionDep, SettingsDep, WorkerId
+from api.deps import Admin, BestCacheDep, LeaseNonce, MetricsDep, Registration, SessionDep, SettingsDep, WorkerId
 from api.schemas import (
     ClaimPublic,
+    EnrolmentCreate,
+    EnrolmentCreated,
     ErrorPublic,
     LeasePublic,
     ProposalBody,
@@ -31,20 +35,45 @@ from api.schemas import (
     WorkerCreate,
     WorkerCreated,
     WorkerPublic,
+    WorkerRevoked,
 )
 from api.trial_rows import measurement_json, proposal_of
 from overlap_runtime.errors import InputError
-from overlap_runtime.measurement import check_physical
+from overlap_runtime.measurement import MAX_REPORT_SAMPLES, check_physical, repeats_carried
 from storage import Backend, secrets
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 TrialId = Annotated[int, Path(ge=1, le=(1 << 31) - 1)]
+SUSPECT_SHARE = 0.5
+"""A result whose GEMM alone (``gemm_ms``, the library GEMM of the slot: the same problem whatever the config)
+ran faster than this share of the fastest that other workers measured for the same GPU model, shape and
+slot is suspect: two GPUs of one model differ by a few percent, not by 2x.  The GEMM, not the overlap: a fast
+config is no lie, and physics ties the overlap to the GEMM (`check_physical`), so a forged fast overlap
+needs a forged fast GEMM."""
+SUSPECT_SEEN = 2
+"""Results of other workers needed before a result can be called suspect: with fewer, too little was seen."""
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorPublic},
     404: {"model": ErrorPublic},
     409: {"model": ErrorPublic},
 }
+
+
+def _suspect(measurements: list[dict[str, Any]], seen: list[float]) -> str | None:
+    """Why these measurements lie far outside ``seen`` (other workers' ``gemm_ms`` for the same study); None
+    when they do not, or when too little was seen to tell."""
+    if len(seen) < SUSPECT_SEEN:
+        return None
+    fastest = min(seen)
+    for index, data in enumerate(measurements):
+        gemm = data.get("gemm_ms")
+        if gemm is not None and gemm < SUSPECT_SHARE * fastest:
+            return (
+                f"measurements.{index}.gemm_ms is {gemm:.6g} ms, under {SUSPECT_SHARE:g} x the fastest GEMM of "
+                f"{len(seen)} results other workers measured for this GPU model, shape and slot ({fastest:.6g} ms)"
+            )
+    return None
 
 
 @router.get("")
@@ -70,6 +99,28 @@ def register_worker(body: WorkerCreate, session: SessionDep) -> WorkerCreated:
         secret_hash=secret_hash,
     )
     return WorkerCreated(**WorkerPublic.model_validate(worker).model_dump(), secret=secret)
+
+
+@router.post(
+    "/enrolments", status_code=status.HTTP_201_CREATED, dependencies=[Admin], responses={401: {"model": ErrorPublic}}
+)
+def enrol(body: EnrolmentCreate, session: SessionDep) -> EnrolmentCreated:
+    """A one-time enrolment token: one worker registers with it (as with the worker token), once, within
+    ``ttl_s``.  Shown this once; the controller keeps its hash."""
+    token, expires_at = storage.issue_enrolment(session=session, ttl=timedelta(seconds=body.ttl_s))
+    return EnrolmentCreated(token=token, expires_at=expires_at)
+
+
+# The uuid converter: "/enrolments" is no worker id, so its path advertises POST alone (a 405's Allow).
+@router.delete(
+    "/{worker_id:uuid}", dependencies=[Admin], responses={401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}}
+)
+def revoke_worker(worker_id: uuid.UUID, session: SessionDep, best_cache: BestCacheDep) -> WorkerRevoked:
+    """Revoke a worker: its secret ends (its next call is a 401), its leased trials wait again for other
+    workers, and its complete trials are withdrawn from the studies and the winners (`storage.revocation`)."""
+    revoked = storage.revoke_worker(session=session, worker_id=str(worker_id))
+    best_cache.clear()  # this process answers /v1/best from the winners left at once; others within the cache's ttl
+    return WorkerRevoked(**dataclasses.asdict(revoked))
 
 
 @router.post("/{worker_id}/heartbeat", responses=ERRORS)
@@ -150,19 +201,27 @@ def report(
             "measurements", f"must hold one measurement per proposed config ({expected})", len(measurements)
         )
     dumped = [m.model_dump(exclude_unset=True) for m in measurements]
+    carried = sum(map(repeats_carried, dumped))
+    if carried > MAX_REPORT_SAMPLES:
+        raise InputError(
+            "measurements", f"must carry at most {MAX_REPORT_SAMPLES} repeats, baselines' included", carried
+        )
     study = storage.get_layer_study(session=session, study_id=trial.study_id)
-    backend = storage.get_job(session=session, job_id=study.job_id).backend.value
+    job = storage.get_job(session=session, job_id=study.job_id)
+    dtype = str(job.shape.get("dtype", "bf16"))
     for index, data in enumerate(dumped):
         try:
-            check_physical(data, backend=backend)
+            check_physical(data, backend=job.backend.value, dtype=dtype)
         except InputError as e:
             raise InputError(f"measurements.{index}.{e.field}", e.rule, e.value) from None
+    seen = storage.seen_gemm_ms(session=session, trial_id=trial_id, worker_id=worker_id)
     trial = storage.complete_trial(
         session=session,
         trial_id=trial_id,
         worker_id=worker_id,
         nonce=nonce,
         measurement=measurement_json([m.model_dump() for m in measurements]),
+        suspect=_suspect(dumped, seen),
     )
     metrics.observe_trial(trial)
     return TrialPublicState(id=trial.id, state=trial.state.value)

@@ -34,7 +34,7 @@ from api.schemas.common import (
     TeEntryBody,
 )
 from api.schemas.errors import ErrorItem, ErrorPublic
-from api.schemas.health import HealthPublic
+from api.schemas.health import HealthPublic, LivePublic, ReadyPublic
 from api.schemas.jobs import (
     MAX_FIRST_CONFIGS,
     BestSoFar,
@@ -51,6 +51,8 @@ from api.schemas.jobs import (
 from api.schemas.workers import (
     BaselinesCreate,
     ClaimPublic,
+    EnrolmentCreate,
+    EnrolmentCreated,
     GpuInfo,
     LeasePublic,
     MeasurementCreate,
@@ -60,6 +62,7 @@ from api.schemas.workers import (
     WorkerCreate,
     WorkerCreated,
     WorkerPublic,
+    WorkerRevoked,
 )
 
 __all__ = [
@@ -76,6 +79,8 @@ __all__ = [
     "ConfigBody",
     "ConsumerEntry",
     "ConsumerPublic",
+    "EnrolmentCreate",
+    "EnrolmentCreated",
     "ErrorItem",
     "ErrorPublic",
     "Finite",
@@ -87,6 +92,7 @@ __all__ = [
     "JobSummary",
     "JobsPage",
     "LeasePublic",
+    "LivePublic",
     "MeasurementCreate",
     "Name",
     "NearestLayer",
@@ -95,6 +101,7 @@ __all__ = [
     "OverlapConfigBody",
     "Progress",
     "ProposalBody",
+    "ReadyPublic",
     "SeriesCreate",
     "ShapeCreate",
     "ShapeLookup",
@@ -111,4 +118,5 @@ __all__ = [
     "WorkerCreate",
     "WorkerCreated",
     "WorkerPublic",
+    "WorkerRevoked",
 ]

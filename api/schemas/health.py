@@ -1,4 +1,4 @@
-"""``GET /healthz``."""
+"""``GET /livez``, ``GET /readyz`` and ``GET /healthz``."""
 
 from __future__ import annotations
 
@@ -26,3 +26,15 @@ class HealthPublic(BaseModel):
     """Whether writes need the clients' token (false only under ``--no-auth`` on loopback)."""
     worker_auth: bool
     """Whether workers register with a token of their own (``AUTOTUNE_WORKER_TOKEN``), not the clients'."""
+
+
+class LivePublic(BaseModel):
+    status: Literal["ok"]
+    """The process answers (``/livez``: nothing else is asked)."""
+
+
+class ReadyPublic(BaseModel):
+    status: Literal["ok"]
+    """The database answers a read (``/readyz``)."""
+    database: str
+    """The backend in use: sqlite or postgresql."""

@@ -138,6 +138,9 @@ class TrialPublic(BaseModel):
     measurement: dict[str, Any] | None
     """``{"measurements": [...]}``, one per proposed config, once complete."""
     error: str | None
+    suspect: str | None = None
+    """Why this result lies far outside what other workers measured for its GPU model, shape and slot; a
+    winner it measured is not published to ``/v1/best``."""
     worker_id: str | None
     attempts: int
     created_at: datetime

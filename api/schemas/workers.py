@@ -66,6 +66,31 @@ class WorkerCreated(WorkerPublic):
     """Send as ``Authorization: Bearer <secret>`` on this worker's heartbeats, claims, renewals and results."""
 
 
+class EnrolmentCreate(Strict):
+    ttl_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 600.0
+    """How long the token registers a worker: 10 minutes unless told, a week at most."""
+
+
+class EnrolmentCreated(BaseModel):
+    """The answer to ``POST /v1/workers/enrolments``: the only time the token is shown."""
+
+    token: str
+    """Register one worker with it (``Authorization: Bearer <token>`` on ``POST /v1/workers``), once."""
+    expires_at: datetime
+
+
+class WorkerRevoked(BaseModel):
+    """The answer to ``DELETE /v1/workers/{id}``: what revoking the worker changed."""
+
+    worker_id: str
+    requeued: int
+    """Trials it held, waiting again for other workers."""
+    withdrawn: int
+    """Its complete trials, failed now with the reason that they were revoked."""
+    winners_removed: int
+    """Best configs it had measured, removed from ``/v1/best``."""
+
+
 class ClaimPublic(BaseModel):
     trial_id: int
     job_id: str

@@ -60,6 +60,7 @@ app = typer.Typer(cls=_ExitCodes, no_args_is_help=True, add_completion=False, pr
 app.command("measure")(measure.measure)
 app.add_typer(preset.app, name="preset")
 app.add_typer(fleet.app, name="fleet")
+app.add_typer(client.workers_app, name="workers")
 app.command("serve")(serve.serve)
 app.command("worker")(worker.worker)
 app.command("tune")(tune.tune)

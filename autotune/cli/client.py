@@ -304,6 +304,50 @@ def cancel(
     typer.echo(job.model_dump_json(indent=2) if as_json else f"job {job.id}: {job.status}")
 
 
+workers_app = typer.Typer(no_args_is_help=True, help="Manage the controller's registered workers.")
+AdminToken = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AUTOTUNE_ADMIN_TOKEN",
+        help="The controller's admin token (or AUTOTUNE_ADMIN_TOKEN); its clients' token where it has none",
+    ),
+]
+
+
+@workers_app.command("revoke")
+def revoke(
+    worker_id: Annotated[str, typer.Argument(help="Worker id (GET /v1/workers)")],
+    controller: Controller = DEFAULT_CONTROLLER,
+    admin_token: AdminToken = None,
+    as_json: AsJson = False,
+) -> None:
+    """Revoke a worker: its secret ends, its leased trials wait again for other workers, and its results leave
+    the studies and the winners."""
+    with _client(controller, admin_token) as client:
+        revoked = client.revoke(worker_id)
+    if as_json:
+        typer.echo(revoked.model_dump_json(indent=2))
+        return
+    typer.echo(
+        f"worker {revoked.worker_id}: revoked; {revoked.requeued} trials requeued, {revoked.withdrawn} results "
+        f"withdrawn, {revoked.winners_removed} winners removed"
+    )
+
+
+@workers_app.command("enrol")
+def enrol(
+    ttl_s: Annotated[float, typer.Option(min=1, max=7 * 86400, help="How long the token registers a worker")] = 600,
+    controller: Controller = DEFAULT_CONTROLLER,
+    admin_token: AdminToken = None,
+    as_json: AsJson = False,
+) -> None:
+    """Print a one-time enrolment token: one worker registers with it (``worker --worker-token TOKEN``), once,
+    within --ttl-s."""
+    with _client(controller, admin_token) as client:
+        enrolment = client.enrol(ttl_s=ttl_s)
+    typer.echo(enrolment.model_dump_json(indent=2) if as_json else enrolment.token)
+
+
 def _config_text(config: BaseModel) -> str:
     """A config or TE entry as the JSON writes it, on one line: ``bulk use_ce=True``."""
     knobs = config.model_dump()

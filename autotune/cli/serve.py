@@ -69,7 +69,15 @@ def serve(
             help="Bearer token for worker registration only, refusing --token there (or AUTOTUNE_WORKER_TOKEN)"
         ),
     ] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(help="Bearer token for revoking workers only, refusing --token there (or AUTOTUNE_ADMIN_TOKEN)"),
+    ] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="No token at all; loopback bind only")] = False,
+    max_body_bytes: Annotated[
+        int | None,
+        typer.Option(help="Largest request body; a larger one is a 413 (default 1 MiB; AUTOTUNE_MAX_BODY_BYTES)"),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
     workers: Annotated[
         int,
@@ -83,7 +91,10 @@ def serve(
     """Run the controller: REST API under /v1, OpenAPI at /docs, dashboard at /."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per study and trial would drown the log
-    overrides: dict[str, Any] = {"db_url": db, "host": host, "port": port, "token": token, "worker_token": worker_token}
+    overrides: dict[str, Any] = {
+        "db_url": db, "host": host, "port": port, "token": token, "worker_token": worker_token,
+        "max_body_bytes": max_body_bytes, "admin_token": admin_token,
+    }  # fmt: skip
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if no_auth:
         overrides["no_auth"] = True

@@ -30,6 +30,10 @@ def device_gpu_name(*, backend: str) -> str:
     return name.decode() if isinstance(name, bytes) else name
 
 
+GPU_MEMORY_GB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180, "b300": 288}
+"""HBM per GPU of the largest part of each model (NVIDIA's datasheets, decimal GB): what a job's shape is held
+against before any worker has reported its own GPUs' memory (`api.fit.check_memory`)."""
+
 TE_MARK = " [te]"
 """Appended to the model name of results measured through TE (the te backend)."""
 
