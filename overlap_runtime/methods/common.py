@@ -244,15 +244,20 @@ def fp8_reduce_scatter(
     return Work([work.wait, lambda: dev.launch(reduce)])
 
 
-def gemm_only(dev: Device, ops: Operands) -> None:
-    """The full GEMM alone, all SMs, library GEMM: what `gemm_ms` times."""
+def gemm_only(dev: Device, ops: Operands, *, kind: str = "cublas") -> None:
+    """The full GEMM alone, all SMs: the library GEMM (``kind`` cublas) or ours (triton); `gemm_ms` is the
+    faster of the two."""
     g = ops.gemm
     if g.coupled and g.collective == Collective.ALL_GATHER:
-        dev.library_gemm(ops.gathered(), ops.b, ops.out, ops.scales)
+        a, out = ops.gathered(), ops.out
     elif g.coupled:
-        dev.library_gemm(ops.a, ops.b, ops.partials("partial", (g.tokens, g.n)), ops.scales)
+        a, out = ops.a, ops.partials("partial", (g.tokens, g.n))
     else:
-        dev.library_gemm(ops.a, ops.b, ops.out, ops.scales)
+        a, out = ops.a, ops.out
+    if kind == "cublas":
+        dev.library_gemm(a, ops.b, out, ops.scales)
+    else:
+        dev.gemm(a, ops.b, out, gemm_sms=None, kind=kind, scales=ops.scales)
 
 
 def comm_only(dev: Device, ops: Operands) -> None:
