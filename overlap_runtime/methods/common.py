@@ -149,7 +149,10 @@ class Operands:
         return self.scratch[key]
 
     def outputs(self) -> list[torch.Tensor]:
-        return [t for t in (self.out, self.y) if t is not None]
+        """What a call leaves for its caller: the output, the independent collective's, and the gathered input
+        when the caller keeps it (`keep_gathered`)."""
+        kept = [self.gathered()] if self.keep_gathered else []
+        return [t for t in (self.out, self.y) if t is not None] + kept
 
     def poison(self, dev: Device) -> None:
         """On the current stream: NaN into the outputs and every buffer a transfer or a chunk writes (scratch,
