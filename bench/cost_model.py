@@ -244,9 +244,7 @@ def error(machine: Machine, recorded: Recorded) -> dict[str, float]:
 
 def leave_one_out(recorded: Sequence[Recorded], *, draws: int = FIT_DRAWS) -> list[dict[str, Any]]:
     """For each recorded landscape, the model fitted on the others, scored on it."""
-    return [
-        {"landscape": r.name, **error(fit([o for o in recorded if o is not r], draws=draws), r)} for r in recorded
-    ]
+    return [{"landscape": r.name, **error(fit([o for o in recorded if o is not r], draws=draws), r)} for r in recorded]
 
 
 def landscape_dict(anchor: Anchor, *, seed: int, machine: Machine | None = None) -> dict[str, Any]:
