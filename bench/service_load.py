@@ -138,7 +138,7 @@ def seed_best_configs(db_url: str, asked: list[ModelShape]) -> None:
                 slot=slot.value,
                 config=config.to_dict(),
                 measurement=m.to_dict(),
-                spread={"outcome": outcome.to_dict(), "trial_id": None},
+                outcome=outcome.to_dict(),
             )
     engine.dispose()
 
