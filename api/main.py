@@ -91,7 +91,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.engine = engine
     app.state.sessions = storage.session_factory(engine=engine)
     app.state.registry = PresetRegistry.with_nvidia()
-    app.state.best_cache = AnswerCache(ttl_s=settings.best_cache_s)
     # One rate-limited log of the process's database failures: requests, event polls and /healthz (api.logs).
     app.state.outage_log = RateLimitedLog(logging.getLogger("api"))
     app.state.job_feed = JobFeed(
@@ -99,6 +98,10 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.scheduler = None  # the `SchedulerThread` while the app runs one: /healthz says whether it leads
     app.state.metrics = create_metrics(sessions=app.state.sessions)
+    served = app.state.metrics.best_answers
+    app.state.best_cache = AnswerCache(
+        ttl_s=settings.best_cache_s, on_served=lambda source: served.labels(source=source).inc()
+    )
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)  # outermost: it counts the 413s too
     errors.install(app)

@@ -48,6 +48,8 @@ class Metrics:
     requests: Counter
     request_seconds: Histogram
     trial_seconds: Histogram
+    best_answers: Counter
+    """``GET /v1/best`` answers by where they came from (`api.cache.Served`)."""
 
     def observe_trial(self, trial: Trial) -> None:
         """Count a reported trial's run time, from its claim to its result."""
@@ -75,6 +77,13 @@ def create_metrics(*, sessions: sessionmaker[Session]) -> Metrics:
             "How long reported trials ran, from the claim to the result, by final state",
             ("state",),
             buckets=TRIAL_BUCKETS_S,
+            registry=registry,
+        ),
+        best_answers=Counter(
+            "autotune_best_answers",
+            "GET /v1/best answers: kept from an earlier request (cache), computed for a concurrent one (shared), "
+            "or computed for this one (computed)",
+            ("source",),
             registry=registry,
         ),
     )

@@ -15,12 +15,16 @@ heuristic was chosen looking at it:
   wide enough that different landscapes favour different families; a fixed roughness per config and noise
   per repeat on top.
 
-It stands in for recordings, it is not one: `ranks_like` says how well the model orders measured configs,
-and the search benchmark reports that for the six recorded landscapes, where every config was measured.
+It stands in for recordings, it is not one.  `fit` chooses the coefficients closest to recorded landscapes
+(the best of many draws from `Machine.draw`'s ranges), and `leave_one_out` says how far the model fitted on
+all but one recorded landscape is from the one left out (its rank correlation and median relative error):
+the error to expect on a slot nobody recorded.  The search benchmark builds its held-out landscapes from the
+model fitted on every recording and reports both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -199,9 +203,55 @@ def model_ms(config: OverlapConfig, anchor: Anchor, machine: Machine) -> float:
     return config_ms(config, gemm_ms=gemm_ms, comm_ms=comm_ms, machine=machine, gemm_sms=H200.sm_count)
 
 
-def landscape_dict(anchor: Anchor, *, seed: int) -> dict[str, Any]:
-    """The anchor's slot space with the model's times, in `bench/record_landscape.py`'s format."""
-    machine = machine_for(anchor, seed=seed)
+FIT_DRAWS = 1000
+"""Draws of `Machine.draw`'s ranges that `fit` chooses among."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recorded:
+    """A recorded landscape's valid configs and their medians, with the anchor of its slot."""
+
+    name: str
+    anchor: Anchor
+    times: Mapping[OverlapConfig, float]
+
+
+def on_anchor(machine: Machine, anchor: Anchor) -> Machine:
+    """``machine`` with the anchor's own measured speed of our GEMM, where the overlap benchmark measured it."""
+    return machine if anchor.triton_ratio is None else dataclasses.replace(machine, triton_ratio=anchor.triton_ratio)
+
+
+def fit(recorded: Sequence[Recorded], *, draws: int = FIT_DRAWS, seed: int = 0) -> Machine:
+    """Of ``draws`` draws from `Machine.draw`'s ranges, the one whose times are closest to ``recorded``: the
+    smallest mean over the landscapes of the median relative error."""
+    rng = random.Random(f"fit/{seed}")
+    candidates = [Machine.draw(rng, triton_ratio=None, reduce_scatter=bool(i % 2)) for i in range(draws)]
+    return min(candidates, key=lambda m: statistics.fmean(error(m, r)["median_rel_err"] for r in recorded))
+
+
+def error(machine: Machine, recorded: Recorded) -> dict[str, float]:
+    """How ``machine``'s times (without roughness and noise) compare with a recorded landscape: Spearman's
+    rank correlation and the median relative error."""
+    machine = on_anchor(machine, recorded.anchor)
+    configs = list(recorded.times)
+    model = [model_ms(c, recorded.anchor, machine) for c in configs]
+    truth = [recorded.times[c] for c in configs]
+    return {
+        "spearman": statistics.correlation(_ranks(model), _ranks(truth)),
+        "median_rel_err": statistics.median(abs(a / b - 1) for a, b in zip(model, truth, strict=True)),
+    }
+
+
+def leave_one_out(recorded: Sequence[Recorded], *, draws: int = FIT_DRAWS) -> list[dict[str, Any]]:
+    """For each recorded landscape, the model fitted on the others, scored on it."""
+    return [{"landscape": r.name, **error(fit([o for o in recorded if o is not r], draws=draws), r)} for r in recorded]
+
+
+def landscape_dict(anchor: Anchor, *, seed: int, machine: Machine | None = None) -> dict[str, Any]:
+    """The anchor's slot space with the model's times, in `bench/record_landscape.py`'s format: under
+    ``machine`` (a `fit`; the anchor's own draw for ``seed`` when None), with roughness and noise of ``seed``."""
+    how = "drawn" if machine is None else "fitted"
+    machine = machine_for(anchor, seed=seed) if machine is None else on_anchor(machine, anchor)
     rng = random.Random(f"{anchor.shape_name}/{anchor.slot.value}/{seed}/configs")
     rows = []
     for config in slot_space(anchor.shape, anchor.slot, backend="cuda", limits=H200).configs():
@@ -221,27 +271,13 @@ def landscape_dict(anchor: Anchor, *, seed: int) -> dict[str, Any]:
         )
         rows.append({"config": config.to_dict(), "measurement": measured.to_dict()})
     return {
-        "environment": {"gpu": GPU, "synthetic": f"bench/cost_model.py, seed {seed}"},
+        "environment": {"gpu": GPU, "synthetic": f"bench/cost_model.py, seed {seed}, {how}"},
         "shape": anchor.shape.to_dict(),
         "slot": anchor.slot.value,
         "backend": "cuda",
         "limits": {"sm_count": H200.sm_count, "priority_range": list(H200.priority_range)},
         "repeats": REPEATS,
         "configs": rows,
-    }
-
-
-def ranks_like(anchor: Anchor, measured: Mapping[OverlapConfig, float], *, seed: int) -> dict[str, float | None]:
-    """How the model of ``seed`` (without roughness and noise) compares with ``measured`` times of the same
-    slot: Spearman's rank correlation (ties ranked in order) and the median relative error."""
-    machine = machine_for(anchor, seed=seed)
-    configs = list(measured)
-    model = [model_ms(c, anchor, machine) for c in configs]
-    truth = [measured[c] for c in configs]
-    errors = [abs(a / b - 1) for a, b in zip(model, truth, strict=True)]
-    return {
-        "spearman": statistics.correlation(_ranks(model), _ranks(truth)) if len(configs) > 2 else None,
-        "median_rel_err": statistics.median(errors) if errors else None,
     }
 
 

@@ -8,10 +8,14 @@ Two sets of landscapes, scored apart (`landscape_sets`):
 - tuning: the six landscapes recorded on 2 x H200 in `TUNING_SET`.  The tuner's heuristics (TPE's start-up,
   the local moves and their families, the patience) were chosen and re-checked on them, so its scores there
   are in-sample: they say the heuristics fit these six, not that they carry over.
-- held_out: what no heuristic was chosen on.  Every landscape in `bench/landscapes/` that is not in
-  `TUNING_SET` (none yet: the H200 pair records dgrad, wgrad and fc1/fc2 slots next), and the synthetic
-  landscapes of `bench/cost_model.py`, one per (anchor shape, slot) of the overlap benchmark that has no
-  recording (44), each reported with how well its model ranks the configs measured on that slot.
+- held_out: what no heuristic was chosen on, at shapes the heuristics never saw.  Every landscape in
+  `bench/landscapes/` that is not in `TUNING_SET` and not at a tuning shape (none yet), and the synthetic
+  landscapes of `bench/cost_model.py`, one per slot of each anchor shape of the overlap benchmark that no
+  tuning landscape has (h8192_s4096 and h12288_s2048: 20), under the cost model fitted to every recorded
+  landscape (`cost_model.fit`; its leave-one-landscape-out error is in the JSON, `cost_model_fit`).  The
+  held-out set is scored only by the tuner frozen in `FROZEN` (a hash of `autotune/tuner/`): a tuner changed
+  after its heuristics were frozen must be scored on the tuning set and frozen again (``--freeze``) first,
+  so no heuristic is chosen looking at held-out scores without it showing.
 
 Strategies, each over ``--seeds`` seeds per landscape:
 
@@ -37,7 +41,9 @@ seeds whose pick is more than 0.5% or 2% off the optimum) and the median and wor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
+import hashlib
 import json
 import math
 import statistics
@@ -59,10 +65,14 @@ from autotune.tuner.proposal import Proposal, Purpose
 from autotune.tuner.replay import Landscape, ReplayBackend
 from bench import cost_model
 from bench.environment import environment
+from bench.environment import source as environment_source
 from bench.overlap_bench import ANCHORS
 from overlap_runtime.config import Method, OverlapConfig
 
 LANDSCAPES = Path("bench/landscapes")
+FROZEN = Path("bench/results/tuner_frozen.json")
+"""The tuner the held-out set may be scored with: the hash of `TUNER` when its heuristics were frozen."""
+TUNER = Path("autotune/tuner")
 OVERLAP_RESULT = Path("bench/results/overlap_h200_tp2.json")
 TUNING_SET = (
     "h4096_s4096_tp2_proj_fprop_cuda.json",
@@ -106,18 +116,49 @@ class TunerRun:
     """Timed repeats of one of its search trials: what the random searches' measurements get."""
 
 
-def landscape_sets(landscapes: Path = LANDSCAPES, overlap_result: Path = OVERLAP_RESULT) -> dict[str, list[Landscape]]:
-    """The tuning and held-out sets (module docstring): recorded files first, then the synthetic ones."""
+def landscape_sets(
+    landscapes: Path = LANDSCAPES, overlap_result: Path = OVERLAP_RESULT, *, machine: cost_model.Machine | None = None
+) -> dict[str, list[Landscape]]:
+    """The tuning and held-out sets (module docstring): recorded files first, then the synthetic ones under
+    ``machine`` (the model fitted to the tuning set when None)."""
     recorded = [Landscape.load(p) for p in sorted(glob.glob(str(landscapes / "*.json")))]
     tuning = [ls for ls in recorded if Path(ls.source).name in TUNING_SET]
-    held_out = [ls for ls in recorded if Path(ls.source).name not in TUNING_SET]
+    seen = {ls.shape.key for ls in tuning}
+    held_out = [ls for ls in recorded if Path(ls.source).name not in TUNING_SET and ls.shape.key not in seen]
     covered = {(ls.shape.key, ls.slot) for ls in recorded}
+    machine = machine or cost_model.fit(recorded_times(tuning, overlap_result))
     for anchor in cost_model.anchors(overlap_result, dims=ANCHORS):
-        if (anchor.shape.key, anchor.slot) not in covered:
-            data = cost_model.landscape_dict(anchor, seed=COST_MODEL_SEED)
+        if anchor.shape.key not in seen and (anchor.shape.key, anchor.slot) not in covered:
+            data = cost_model.landscape_dict(anchor, seed=COST_MODEL_SEED, machine=machine)
             source = f"synthetic {anchor.shape_name} {anchor.slot.value}"
             held_out.append(Landscape.from_dict(data, source=source))
     return {"tuning": tuning, "held_out": held_out}
+
+
+def recorded_times(landscapes: Iterable[Landscape], overlap_result: Path = OVERLAP_RESULT) -> list[cost_model.Recorded]:
+    """The recorded landscapes that the overlap benchmark has an anchor for, as the cost model fits them."""
+    by_key = {(a.shape.key, a.slot): a for a in cost_model.anchors(overlap_result, dims=ANCHORS)}
+    return [
+        cost_model.Recorded(
+            name=ls.source,
+            anchor=by_key[ls.shape.key, ls.slot],
+            times={c: ls.truth(c) for c in ls.results if math.isfinite(ls.truth(c))},
+        )
+        for ls in landscapes
+        if (ls.shape.key, ls.slot) in by_key
+    ]
+
+
+def tuner_hash(root: Path = TUNER) -> str:
+    """sha256 over the tuner's sources (path and contents, in path order): what freezing it pins."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def frozen_hash(path: Path = FROZEN) -> str | None:
+    return json.loads(path.read_text(encoding="utf-8"))["tuner_sha256"] if path.exists() else None
 
 
 def arrival(landscape: Landscape, order: Sequence[OverlapConfig]) -> float:
@@ -285,23 +326,39 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def cost_model_check(landscapes: Iterable[Landscape], overlap_result: Path = OVERLAP_RESULT) -> list[dict[str, Any]]:
-    """How the cost model ranks the configs of each recorded landscape of its anchors (Spearman's rho over
-    every valid config): the evidence that its synthetic landscapes resemble the recorded ones."""
-    by_key = {(a.shape.key, a.slot): a for a in cost_model.anchors(overlap_result, dims=ANCHORS)}
+def cost_model_fit(recorded: Sequence[cost_model.Recorded]) -> dict[str, Any]:
+    """The model fitted to every recorded landscape, its error on each (in-sample), and the error of the model
+    fitted on all but one on the one left out: what to expect of it on a slot nobody recorded."""
+    fitted = cost_model.fit(recorded)
+    out = cost_model.leave_one_out(recorded)
+    return {
+        "draws": cost_model.FIT_DRAWS,
+        "machine": dataclasses.asdict(fitted),
+        "in_sample": [{"landscape": r.name, **cost_model.error(fitted, r)} for r in recorded],
+        "leave_one_out": out,
+        "leave_one_out_median_spearman": statistics.median(r["spearman"] for r in out),
+        "leave_one_out_median_rel_err": statistics.median(r["median_rel_err"] for r in out),
+    }
+
+
+def worse_than(rows: Sequence[dict[str, Any]], strategy: str = "random_baselines") -> list[dict[str, Any]]:
+    """The landscapes where the tuner is worse than ``strategy`` at the median: a later median arrival (a miss
+    is later than any) or a larger median pick gap."""
     found = []
-    for landscape in landscapes:
-        anchor = by_key.get((landscape.shape.key, landscape.slot))
-        if anchor is None:
-            continue
-        valid = {c: landscape.truth(c) for c in landscape.results if math.isfinite(landscape.truth(c))}
-        found.append(
-            {
-                "landscape": landscape.source,
-                "configs": len(valid),
-                **cost_model.ranks_like(anchor, valid, seed=COST_MODEL_SEED),
-            }
-        )
+    for row in rows:
+        t, o = row["tuner"], row[strategy]
+        later = _inf(t["median_arrival"]) > _inf(o["median_arrival"])
+        further = _inf(t["median_pick_gap"]) > _inf(o["median_pick_gap"])
+        if later or further:
+            found.append(
+                {
+                    "landscape": row["landscape"],
+                    "tuner_median_arrival": t["median_arrival"],
+                    f"{strategy}_median_arrival": o["median_arrival"],
+                    "tuner_median_pick_gap": t["median_pick_gap"],
+                    f"{strategy}_median_pick_gap": o["median_pick_gap"],
+                }
+            )
     return found
 
 
@@ -338,10 +395,22 @@ def main(argv: Sequence[str] | None = None, *, log: Callable[[str], None] = prin
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--sets", default=",".join(SETS), help="comma list of " + ", ".join(SETS))
     parser.add_argument("--out", type=Path, default=Path("bench/results/search_efficiency.json"))
+    parser.add_argument(
+        "--freeze", action="store_true", help=f"freeze the tuner as it is now ({FROZEN}) and exit: before held_out"
+    )
     args = parser.parse_args(argv)
     wanted = args.sets.split(",")
     if unknown := set(wanted) - set(SETS):
         parser.error(f"--sets: must name {' or '.join(SETS)} (got {', '.join(sorted(unknown))})")
+    if args.freeze:
+        FROZEN.write_text(json.dumps({"tuner_sha256": tuner_hash(), **environment_source()}, indent=1) + "\n")
+        log(f"froze the tuner -> {FROZEN}")
+        return
+    if "held_out" in wanted and frozen_hash() != tuner_hash():
+        parser.error(
+            f"held_out: autotune/tuner/ differs from the tuner frozen in {FROZEN}: score the tuning set "
+            "(--sets tuning), then freeze it (--freeze, committed) before scoring the held-out set"
+        )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     env = environment()
     sets = landscape_sets()
@@ -354,7 +423,9 @@ def main(argv: Sequence[str] | None = None, *, log: Callable[[str], None] = prin
         "tuner_finalist_overlaps": TOP_K,
         "random_cap": RANDOM_CAP,
         "cost_model_seed": COST_MODEL_SEED,
-        "cost_model_check": cost_model_check(sets["tuning"]),
+        "cost_model_fit": cost_model_fit(recorded_times(sets["tuning"])),
+        "tuner_sha256": tuner_hash(),
+        "tuner_frozen": frozen_hash() == tuner_hash(),
         "sets": {},
     }
     for name in wanted:
@@ -363,6 +434,7 @@ def main(argv: Sequence[str] | None = None, *, log: Callable[[str], None] = prin
             for row, landscape in zip(rows, sets[name], strict=True):
                 row["synthetic"] = landscape.source.startswith("synthetic")
         total = summary(rows)
+        total["tuner_worse_than_random_baselines"] = worse_than(rows)
         _print(name, rows, total)
         result["sets"][name] = {"landscapes": rows, "summary": total}
     args.out.parent.mkdir(parents=True, exist_ok=True)

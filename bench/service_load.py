@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,8 +64,8 @@ from overlap_runtime.shape import ModelShape
 from search_spaces import tunable_slots
 
 HIDDEN = tuple(range(1024, 16385, 1024))
-SEQ = (1024, 2048, 4096, 8192)
-MBS = (1, 2)
+SEQ = (1024, 2048, 4096, 8192, 16384)
+MBS = (1, 2, 4)
 TP = 2
 GPU = "NVIDIA H200"
 TOKEN = "bench"
@@ -138,7 +138,7 @@ def seed_best_configs(db_url: str, asked: list[ModelShape]) -> None:
                 slot=slot.value,
                 config=config.to_dict(),
                 measurement=m.to_dict(),
-                spread={"outcome": outcome.to_dict(), "trial_id": None},
+                outcome=outcome.to_dict(),
             )
     engine.dispose()
 
@@ -239,6 +239,8 @@ class LoadPart:
     latencies: list[float] = field(default_factory=list)
     """Seconds per request that finished after the warm-up, answered 200."""
     errors: int = 0
+    wrong: int = 0
+    """Answers 200 whose body ``check`` refused (`closed_loop`)."""
     cpu_s: float = 0.0
     """CPU time the process used while its clients ran."""
     wall_s: float = 0.0
@@ -252,6 +254,7 @@ async def closed_loop(
     duration_s: float,
     warmup_s: float,
     barrier: Any = None,
+    check: Callable[[int, bytes], bool] | None = None,
 ) -> LoadPart:
     """Closed-loop load for warmup + duration; statistics over the requests that finished after the warm-up.
 
@@ -259,7 +262,8 @@ async def closed_loop(
     async HTTP client costs more CPU per request than the bare endpoint itself, and would measure itself.
     Client i asks for ``queries[i], queries[i + 1], ...`` in turn.
     Connections are opened (and answered once) one at a time, then ``barrier`` (several load processes) lines
-    the processes up, and the clock starts.
+    the processes up, and the clock starts.  ``check(i, body)``: whether the body of an answer to
+    ``queries[i]`` is right (every answer's, warm-up included); a 200 it refuses counts as ``wrong``.
     """
     base = httpx.URL(url)
     requests = [
@@ -271,19 +275,21 @@ async def closed_loop(
     ]
     part = LoadPart()
 
-    async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bytes:
-        writer.write(request)
+    async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: int) -> bytes:
+        writer.write(requests[request])
         head = await reader.readuntil(b"\r\n\r\n")
         length = next(
             int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
         )
-        await reader.readexactly(length)
+        body = await reader.readexactly(length)
+        if check is not None and head.startswith(b"HTTP/1.1 200") and not check(request, body):
+            part.wrong += 1
         return head
 
     connections = []
     for i in range(concurrency):
         reader, writer = await asyncio.open_connection(base.host, base.port)
-        await exchange(reader, writer, requests[i % len(requests)])
+        await exchange(reader, writer, i % len(requests))
         connections.append((reader, writer))
     if barrier is not None:
         barrier.wait()
@@ -296,7 +302,7 @@ async def closed_loop(
         turn = itertools.count(index)
         try:
             while (sent := time.perf_counter()) < end:
-                head = await exchange(reader, writer, requests[next(turn) % len(requests)])
+                head = await exchange(reader, writer, next(turn) % len(requests))
                 done = time.perf_counter()
                 if sent >= measure_from:
                     if head.startswith(b"HTTP/1.1 200"):

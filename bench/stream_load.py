@@ -1,5 +1,6 @@
-"""Event-stream flood: 200 open ``/v1/jobs/{id}/events`` streams plus 64 clients reading ``GET /v1/best``
-against one controller, while ``/healthz`` is sampled and synthetic workers drive the followed jobs.
+"""Event-stream flood: 200 open ``/v1/jobs/{id}/events`` streams over 50 jobs plus 64 clients reading
+``GET /v1/best`` for 200 shapes against one controller, while ``/healthz`` is sampled and synthetic workers
+drive the followed jobs.
 
     python bench/stream_load.py --out bench/results/stream_load.json
     python bench/stream_load.py --streams 50 --clients 16 --duration 5     # a quick look
@@ -16,7 +17,10 @@ this machine's cores.  ``/healthz`` is asked every ``HEALTH_EVERY_S`` by a proce
 (`sample_health`), so its latency is the controller's and not a wait for the busy load process.
 A stream passes when it saw its job's progress change (at least two ``progress`` events with a growing
 ``done``) and, if its job finished in the run, the ``done`` event.  Errors: any answer that is not 200
-(204 for an empty claim), any stream that ended early or broke.
+(204 for an empty claim), any stream that ended early or broke, any ``/v1/best`` answer that is not the
+measured winners of every slot of the shape asked (`right_answer`).  ``--best-cache-s`` is the controller's
+answer cache (0, the default here, turns it off: every answer reads the database); the share of answers
+served from it is counted by the controller (``autotune_best_answers_total``) and recorded.
 Targets (issue 21): ``/healthz`` p99 at most 100 ms, no errors, every stream heard its job's progress.
 """
 
@@ -32,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +58,9 @@ from bench.service_load import (
     serve,
     shapes,
 )
+from overlap_runtime.shape import ModelShape
 from overlap_runtime.uncertainty import Series
+from search_spaces import tunable_slots
 
 HEALTH_EVERY_S = 0.1
 TARGET_HEALTH_P99_MS = 100.0
@@ -71,6 +78,8 @@ class Tally:
     errors: dict[str, int] = field(default_factory=dict)
     streams: list[dict[str, Any]] = field(default_factory=list)
     reports: int = 0
+    served: dict[str, float] = field(default_factory=dict)
+    """``/v1/best`` answers during the run by where they came from (`best_answers`)."""
 
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
@@ -172,7 +181,13 @@ def sample_health(url: str, cpus: list[int], duration_s: float, begin: Any, resu
 
 
 async def run(
-    url: str, *, args: argparse.Namespace, queries: list[dict[str, int]], begin: Any, server_pid: int
+    url: str,
+    *,
+    args: argparse.Namespace,
+    queries: list[dict[str, int]],
+    check: Callable[[int, bytes], bool],
+    begin: Any,
+    server_pid: int,
 ) -> Tally:
     """Open the streams, then set ``begin`` (the health sampler starts) and run the `/v1/best` clients and
     the synthetic workers for ``args.duration``; ``server_pid``'s CPU time is counted over that window."""
@@ -192,10 +207,20 @@ async def run(
         # service_load's raw keep-alive clients: httpx would spend more CPU per request than the controller,
         # and the load generator, not the controller, would be what saturates.
         server_cpu = cpu_seconds(server_pid)
+        served = best_answers(url)
+        # The path too: given the bare controller URL, the clients asked for the dashboard's page (until the
+        # answers were checked for content, the benchmark's "/v1/best" figures were the dashboard's).
         tally.best = await closed_loop(
-            url, queries=queries, concurrency=args.clients, duration_s=args.duration, warmup_s=0.0
+            f"{url}/v1/best",
+            queries=queries,
+            concurrency=args.clients,
+            duration_s=args.duration,
+            warmup_s=0.0,
+            check=check,
         )
         tally.server_cpu_s = cpu_seconds(server_pid) - server_cpu
+        after = best_answers(url)
+        tally.served = {source: after.get(source, 0.0) - served.get(source, 0.0) for source in after}
         stop.set()
         await asyncio.gather(*workers)
         await asyncio.wait(streams, timeout=5)  # streams whose job finished have ended; close the rest
@@ -203,6 +228,35 @@ async def run(
             task.cancel()
         await asyncio.gather(*streams, return_exceptions=True)
     return tally
+
+
+def right_answer(asked: list[ModelShape]) -> Callable[[int, bytes], bool]:
+    """``check`` for `closed_loop`: the answer to query i holds the measured winners of every tunable slot of
+    ``asked[i]``, for that shape."""
+
+    def check(i: int, body: bytes) -> bool:
+        shape, answer = asked[i], json.loads(body)
+        groups = answer.get("results") or []
+        fields = ("hidden", "tp", "mbs", "seq")
+        return (
+            answer.get("measured") is True
+            and len(groups) == 1
+            and all(groups[0]["shape"].get(k) == getattr(shape, k) for k in fields)
+            and {layer["slot"] for layer in groups[0]["layers"]} == {s.value for s in tunable_slots(shape)}
+        )
+
+    return check
+
+
+def best_answers(url: str) -> dict[str, float]:
+    """The controller's count of ``/v1/best`` answers by where they came from (``/metrics``)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    prefix = "autotune_best_answers_total{source="
+    return {
+        line[len(prefix) + 1 : line.index('"}')]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
 
 
 def percentiles(values: list[float]) -> dict[str, float | int]:
@@ -226,13 +280,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--clients", type=int, default=64, help="Closed-loop clients reading /v1/best")
-    parser.add_argument("--jobs", type=int, default=4, help="Jobs the streams follow (streams spread evenly)")
+    parser.add_argument("--jobs", type=int, default=50, help="Jobs the streams follow (streams spread evenly)")
     parser.add_argument("--trials", type=int, default=8, help="Trials per job (one slot)")
-    parser.add_argument("--workers", type=int, default=2, help="Synthetic workers driving the jobs")
-    parser.add_argument("--shapes", type=int, default=16, help="Shapes seeded for /v1/best")
+    parser.add_argument("--workers", type=int, default=8, help="Synthetic workers driving the jobs")
+    parser.add_argument("--shapes", type=int, default=200, help="Shapes seeded for /v1/best")
+    parser.add_argument("--best-cache-s", type=float, default=0.0, help="The controller's /v1/best cache (0: off)")
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.best_cache_s < 0:
+        parser.error(f"--best-cache-s must be at least 0 (got {args.best_cache_s})")
     for name in ("streams", "clients", "jobs", "trials", "workers", "shapes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1 (got {getattr(args, name)})")
@@ -249,6 +306,7 @@ def main() -> None:
             "AUTOTUNE_TOKEN": TOKEN,
             "XDG_DATA_HOME": tmp,
             "AUTOTUNE_DEFAULT_BACKEND": "cpu",
+            "AUTOTUNE_BEST_CACHE_S": str(args.best_cache_s),
         }
         proc, url = serve("api.main:app_from_env", env=env, workers=1, cpus=plan.server)
         context = multiprocessing.get_context("spawn")
@@ -257,7 +315,8 @@ def main() -> None:
         try:
             sampler.start()
             os.sched_setaffinity(0, plan.load)
-            tally = asyncio.run(run(url, args=args, queries=queries, begin=begin, server_pid=proc.pid))
+            check = right_answer(asked)
+            tally = asyncio.run(run(url, args=args, queries=queries, check=check, begin=begin, server_pid=proc.pid))
             health_ms, health_failures = results.get(timeout=args.duration + 60)  # before join: a full pipe blocks
             sampler.join()
         finally:
@@ -270,7 +329,8 @@ def main() -> None:
     elapsed = tally.best.wall_s
     heard = [s for s in tally.streams if len(set(s["progress_done"])) >= 2 and not s["broken"]]
     broken = [s for s in tally.streams if s["broken"]]
-    errors = sum(tally.errors.values()) + len(broken) + health_failures + tally.best.errors
+    errors = sum(tally.errors.values()) + len(broken) + health_failures + tally.best.errors + tally.best.wrong
+    answered = sum(tally.served.values())
     report = {
         "benchmark": "event-stream flood: open /v1/jobs/{id}/events streams plus closed-loop /v1/best clients, /healthz sampled, one controller on loopback",
         "environment": environment(),
@@ -278,7 +338,16 @@ def main() -> None:
         "config": {k: v for k, v in vars(args).items() if k != "out"} | {"health_every_s": HEALTH_EVERY_S},
         "elapsed_s": round(elapsed, 2),
         "healthz": health,
-        "best": best | {"rps": round(best["n"] / elapsed, 1)},
+        "best": best
+        | {
+            "rps": round(best["n"] / elapsed, 1),
+            "wrong_answers": tally.best.wrong,
+            "served": tally.served,
+            "cache_hit_fraction": round((answered - tally.served.get("computed", 0.0)) / answered, 4)
+            if answered
+            else None,
+        },
+        "jobs_followed": len({s["job"] for s in tally.streams}),
         "streams": {
             "opened": args.streams,
             "heard_progress": len(heard),
@@ -296,7 +365,8 @@ def main() -> None:
         "errors": tally.errors
         | ({"streams": len(broken)} if broken else {})
         | ({"healthz": health_failures} if health_failures else {})
-        | ({"best": tally.best.errors} if tally.best.errors else {}),
+        | ({"best": tally.best.errors} if tally.best.errors else {})
+        | ({"best_wrong_answers": tally.best.wrong} if tally.best.wrong else {}),
         "targets": {"healthz_p99_ms": TARGET_HEALTH_P99_MS, "errors": 0, "streams_heard_progress": args.streams},
         "meets_targets": health.get("p99_ms", float("inf")) <= TARGET_HEALTH_P99_MS
         and errors == 0

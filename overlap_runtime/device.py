@@ -35,7 +35,7 @@ import torch.distributed._symmetric_memory as symm_mem
 from overlap_runtime import flag_kernels, ring_gemm
 from overlap_runtime import gemm as gemm_kernels
 from overlap_runtime.fp8 import Scales, as_bytes
-from overlap_runtime.races import Draws, FaultPlan, Jitter, SiteKind
+from overlap_runtime.races import Draws, FaultPlan, Jitter, Plant, SiteKind
 from overlap_runtime.symmetric import stream_wait, stream_write
 
 ALIGN_SLEEP_CYCLES = 4_000_000
@@ -346,19 +346,29 @@ class Device(abc.ABC):
             self.faults = FaultPlan()
 
     def _skips(self, site: str | None) -> bool:
-        """Whether the wait at ``site`` is left out (recording the site)."""
+        """Whether the event wait at ``site`` is left out (recording the site)."""
         if site is None:
             return False
         self.sites[site] = SiteKind.WAIT
-        return site in self.faults.skip
+        return self.faults.plants(site, Plant.SKIP)
 
     def _awaited(self, site: str, epoch: int) -> int:
-        """The epoch a flag wait at ``site`` waits for: 0 (any flag is there) when the wait is left out."""
-        return 0 if self._skips(site) else epoch
+        """The value a flag wait at ``site`` waits for (recording the site): 0 (any flag is there) when the
+        wait is left out, one less when it is planted short."""
+        self.sites[site] = SiteKind.FLAG
+        if self.faults.plants(site, Plant.SKIP):
+            return 0
+        return max(epoch - 1, 0) if self.faults.plants(site, Plant.SHORT) else epoch
 
     def _early(self, site: str) -> bool:
         self.sites[site] = SiteKind.SIGNAL
-        return site in self.faults.early
+        return self.faults.plants(site, Plant.EARLY)
+
+    def read_late(self, site: str) -> bool:
+        """Whether the read at ``site``, which must end before the release that lets the peers write what it
+        reads, is planted after that release instead (recording the site)."""
+        self.sites[site] = SiteKind.READ
+        return self.faults.plants(site, Plant.LATE)
 
 
 class CudaDevice(Device):

@@ -10,6 +10,7 @@ the same inputs (`_check_numerics`).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -253,8 +254,14 @@ class Timed:
         return Series(samples=tuple(self.samples), positions=tuple(self.positions))
 
 
-_BASELINES = (("gemm", gemm_only), ("comm", comm_only), ("serial", serial))
-"""What a config is scored against, timed in this order: `Measurement.gemm_ms`, ``comm_ms``, ``serial_ms``."""
+_BASELINES: tuple[tuple[str, Callable[[Device, Operands], None]], ...] = (
+    ("gemm", gemm_only),
+    ("gemm_ours", functools.partial(gemm_only, kind="triton")),
+    ("comm", comm_only),
+    ("serial", serial),
+)
+"""What a config is scored against, timed in this order: the library GEMM and ours (`Measurement.gemm_ms` is
+the faster), ``comm_ms``, ``serial_ms``."""
 
 
 @dataclass(kw_only=True)

@@ -3,7 +3,9 @@ backend (`emulation`): the same arguments, the same waits in the same order, and
 same stores, so the protocols around them race on CPU as they would on the GPU.
 
 What the GPU kernels spread over programs runs here one chunk (gather) or one segment (scatter) at a time, in
-the order a program meets them: the waits are per chunk and per segment in both.  A wait polls the flag word,
+the order a program meets them: the waits are per chunk and per segment in both.  The scatter stores and
+counts a segment tile by tile, as its programs do, so a wait that goes ahead one tile short sees a segment
+with a tile missing.  A wait polls the flag word,
 which another rank's emulated copy engine writes (`wait_until`); it gives up after ``limit_s`` (the device's
 ``wait_limit_s``, `WAIT_LIMIT_S` unless told).  ``pause``
 runs before every step (the emulation's random delays, `races.Draws.pauses`): GPU programs do not keep pace
@@ -105,8 +107,12 @@ def scatter_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, parts
         for j, seg in enumerate(plan.segments):
             pause()
             block = _segment_product(a, b, owner * rows, seg, scales)
-            parts[step].view(-1)[seg.offset : seg.offset + seg.numel].copy_(block.reshape(-1))
-            count[step * len(plan.segments) + j] += seg.tiles
+            stored = parts[step].view(-1)[seg.offset : seg.offset + seg.numel].view(block.shape)
+            for i, tile in enumerate(_tiles(seg, plan)):
+                if i:
+                    pause()
+                stored[tile] = block[tile]
+                count[step * len(plan.segments) + j] += 1
     for j, seg in enumerate(plan.segments):
         pause()
         acc = _segment_product(a, b, rank * rows, seg, scales)
@@ -117,6 +123,15 @@ def scatter_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, parts
         for src in sources:
             acc += recv[src].view(-1)[seg.offset : seg.offset + seg.numel].view(acc.shape)
         out[seg.row_start : seg.row_stop, seg.col_start : seg.col_stop] = acc
+
+
+def _tiles(seg: Segment, plan: ScatterPlan) -> list[tuple[slice, slice]]:
+    """The ``seg.tiles`` tiles of ``seg``, as slices of its [rows, cols] block, row by row."""
+    m, n = plan.config.block_m, plan.config.block_n
+    rows, cols = seg.row_stop - seg.row_start, seg.col_stop - seg.col_start
+    tiles = [(slice(r, r + m), slice(c, c + n)) for r in range(0, rows, m) for c in range(0, cols, n)]
+    assert len(tiles) == seg.tiles, (len(tiles), seg.tiles)
+    return tiles
 
 
 def _segment_product(a: torch.Tensor, b: torch.Tensor, row0: int, seg: Segment, scales: Scales | None) -> torch.Tensor:

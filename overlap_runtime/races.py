@@ -1,11 +1,13 @@
 """What lets a race show, and what plants one: random delays for the numerical check, faults for its tests.
 
-Every wait and every flag write that a method issues through `device.Device` names its site
-(``"push_shard.ack"``: the copy engine of `methods._push_shard` waits for a peer's acknowledgement).  The
-device records the sites it has seen (`Device.sites`), and a `FaultPlan` leaves out the waits it names or
-raises the flags it names ahead of the work queued before them: a test plants each one in turn and shows that
-the harness's numerical check fails (tests/test_races.py).  The default plan plants nothing, and costs a set
-lookup per wait.
+Every wait, flag write and read-before-release that a method issues through `device.Device` names its site
+(``"push_shard.acked"``: the copy engine of `methods._push_shard` waits for a peer's acknowledgement).  The
+device records the sites it has seen (`Device.sites`), and a `FaultPlan` plants one `Plant` at the sites it
+names: the widest races (a wait left out, a flag raised ahead of all the work before it) and the narrowest
+that are still wrong (a flag wait satisfied one epoch early, a counter wait one count short, a read moved
+after the release that lets peers overwrite it).  A test plants each one in turn and shows that the
+harness's numerical check fails (tests/test_races.py, bench/race_plants.py).  The default plan plants
+nothing, and costs a set lookup per wait.
 """
 
 from __future__ import annotations
@@ -19,22 +21,51 @@ from dataclasses import dataclass
 
 class SiteKind(enum.StrEnum):
     WAIT = "wait"
-    """A stream, kernel or event wait: planted by leaving it out (the waiter goes ahead at once)."""
+    """A stream or event wait."""
+    FLAG = "flag"
+    """A wait for a flag or counter to reach a value (an epoch, a count of finished tiles)."""
     SIGNAL = "signal"
-    """A flag write: planted by issuing it out of stream order, ahead of the data or reads it publishes."""
+    """A flag write."""
+    READ = "read"
+    """A read of a peer buffer that must end before the release that lets the peers write it again."""
+
+
+class Plant(enum.StrEnum):
+    """One planted race."""
+
+    SKIP = "skip"
+    """A wait left out: the waiter goes ahead at once (the widest race of a wait)."""
+    SHORT = "short"
+    """A flag wait satisfied one short: by the flag of the call before (an epoch early), or with one tile
+    of a segment still unfinished (a count short); the narrowest race of a flag wait."""
+    EARLY = "early"
+    """A flag write issued out of stream order, ahead of the data or reads it publishes."""
+    LATE = "late"
+    """A read issued after the release instead of before it: the peers may already overwrite what it reads."""
+
+
+PLANTS: dict[SiteKind, tuple[Plant, ...]] = {
+    SiteKind.WAIT: (Plant.SKIP,),
+    SiteKind.FLAG: (Plant.SKIP, Plant.SHORT),
+    SiteKind.SIGNAL: (Plant.EARLY,),
+    SiteKind.READ: (Plant.LATE,),
+}
+"""The races each kind of site can be planted with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FaultPlan:
-    """The waits to leave out and the flags to raise early, by site name."""
+    """The sites to issue wrongly, by `Plant`."""
 
-    skip: frozenset[str] = frozenset()
-    early: frozenset[str] = frozenset()
+    sites: frozenset[tuple[str, Plant]] = frozenset()
 
     @classmethod
-    def at(cls, site: str, kind: SiteKind) -> FaultPlan:
-        """The fault of one ``site`` of ``kind``: a wait left out, or a flag raised early."""
-        return cls(skip=frozenset({site})) if kind == SiteKind.WAIT else cls(early=frozenset({site}))
+    def at(cls, site: str, plant: Plant) -> FaultPlan:
+        """One ``plant`` at one ``site``."""
+        return cls(sites=frozenset({(site, plant)}))
+
+    def plants(self, site: str, plant: Plant) -> bool:
+        return (site, plant) in self.sites
 
 
 SLOWED_STREAMS = ("main", "comm")

@@ -39,6 +39,8 @@ FAST_ENV = {
     "AUTOTUNE_SCHEDULER_INTERVAL_S": "0.1",
     "AUTOTUNE_LEADER_TTL_S": "3",
 }
+CLI_HEARTBEAT_TIMEOUT_S = 600
+"""`cpu_service`'s heartbeat timeout: longer than any stall of a worker on a loaded machine."""
 START_TIMEOUT_S = 60.0
 CLI = [sys.executable, "-c", "from autotune.cli.app import main; main()"]
 
@@ -208,9 +210,15 @@ def worker_token_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 
 @pytest.fixture(scope="module")
 def cpu_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    """A controller on a fresh SQLite file with one CPU-backend worker (CLI tests)."""
+    """A controller on a fresh SQLite file with one CPU-backend worker (CLI tests).
+
+    The CLI tests assert what the fleet is ("registered: w0 (cpu)"), never that a worker is lost, so the
+    controller waits `CLI_HEARTBEAT_TIMEOUT_S` for a heartbeat: with `FAST_ENV`'s 5 s a worker stalled for
+    longer (busy importing torch for a trial on a loaded machine) missed its 1 s heartbeats, was marked
+    lost, and the fleet read "none"."""
     tmp = tmp_path_factory.mktemp("cpu")
-    service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
+    env = {"AUTOTUNE_HEARTBEAT_TIMEOUT_S": str(CLI_HEARTBEAT_TIMEOUT_S)}
+    service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp, env=env)
     service.start_controller()
     service.start_worker()
     with service.client() as client:  # registered before the first test: some assert what the workers are

@@ -180,3 +180,73 @@ def scatter_late(ring_gemm: ModuleType, peer: Peer, device: str, *, chunks: int,
     peer.join()
     own = (a.double() @ b.double())[rank * rows : (rank + 1) * rows]
     return out, own + sum(row_major(plan, sent[s]).double() for s in range(chunks) if s != rank)
+
+
+def gather_one_late(ring_gemm: ModuleType, peer: Peer, device: str, *, chunks: int, rank: int, late: int,
+                    shape: tuple[int, int, int], gemm_sms: int, short: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`gather_matmul` at ``epoch`` where the last call's chunks (other values) and flags (``epoch - 1``) are
+    still in the ring: every source but ``late`` has written this call's chunk and flag before the launch,
+    ``late`` writes its own through the peer (a rank behind the others).  ``short`` plants the narrowest race
+    there is: the kernel waits for ``epoch - 1``, so it reads ``late``'s chunk of the last call.  (out, float64
+    reference of this call)."""
+    rows, n, k = shape
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    full = _rand(chunks * rows, k, seed=4, device=device).to(dtype)
+    b = _rand(k, n, seed=5, device=device).to(dtype)
+    ring = _rand(chunks * rows, k, seed=9, device=device).to(dtype)  # the last call's chunks
+    epoch = 3
+    ready = torch.full((chunks,), epoch - 1, dtype=torch.int32, device=device)
+
+    def write(src: int) -> None:
+        ring[src * rows : (src + 1) * rows].copy_(full[src * rows : (src + 1) * rows])
+        ready[src : src + 1].fill_(epoch)
+
+    for src in range(chunks):
+        if src not in (rank, late):
+            write(src)
+    peer.later(lambda: write(late))
+    out = torch.full((chunks * rows, n), float("nan"), dtype=dtype, device=device)
+    local = full[rank * rows : (rank + 1) * rows].clone()
+    waited = epoch - 1 if short else epoch
+    ring_gemm.gather_matmul(local, ring, b, out, ready=ready, epoch=waited, rank=rank, gemm_sms=gemm_sms)
+    peer.join()
+    return out, full.double() @ b.double()
+
+
+def scatter_one_late(ring_gemm: ModuleType, peer: Peer, device: str, *, chunks: int, rank: int, late: int,
+                     shape: tuple[int, int, int], gemm_sms: int, col_groups: int,
+                     short: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`scatter_matmul` at ``epoch`` where the last call's partials and flags (``epoch - 1``) are still in
+    ``recv``: every source but ``late`` has sent this call's before the launch, ``late`` sends its own through
+    the peer, segment by segment.  ``short``: the kernel waits for ``epoch - 1`` (`gather_one_late`)."""
+    rows, n, k = shape
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a = _rand(chunks * rows, k, seed=6, device=device).to(dtype)
+    b = _rand(k, n, seed=7, device=device).to(dtype)
+    plan = ring_gemm.scatter_plan(rows, n, k, chunks=chunks, dtype=dtype, device=a.device, gemm_sms=gemm_sms,
+                                  col_groups=col_groups)  # fmt: skip
+    lanes = len(plan.segments)
+    sent = _rand(chunks, rows, n, seed=8, device=device).to(dtype)
+    recv = _rand(chunks, rows, n, seed=10, device=device).to(dtype)  # the last call's partials
+    epoch = 2
+    ready = torch.full((chunks * lanes,), epoch - 1, dtype=torch.int32, device=device)
+
+    def write(src: int) -> None:
+        for j, seg in enumerate(plan.segments):
+            span = slice(seg.offset, seg.offset + seg.numel)
+            recv[src].view(-1)[span].copy_(sent[src].view(-1)[span])
+            ready[src * lanes + j : src * lanes + j + 1].fill_(epoch)
+
+    for src in range(chunks):
+        if src not in (rank, late):
+            write(src)
+    peer.later(lambda: write(late))
+    parts = torch.empty(chunks - 1, rows, n, dtype=dtype, device=device)
+    counts = torch.zeros((chunks - 1) * lanes, dtype=torch.int32, device=device)
+    out = torch.full((rows, n), float("nan"), dtype=dtype, device=device)
+    waited = epoch - 1 if short else epoch
+    ring_gemm.scatter_matmul(a, b, out, parts=parts, counts=counts, recv=recv, ready=ready, epoch=waited, rank=rank,
+                             plan=plan)  # fmt: skip
+    peer.join()
+    own = (a.double() @ b.double())[rank * rows : (rank + 1) * rows]
+    return out, own + sum(row_major(plan, sent[s]).double() for s in range(chunks) if s != rank)

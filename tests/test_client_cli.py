@@ -242,15 +242,20 @@ def test_export_te_into_a_folder_writes_nvidia_file_name_as_json(cpu_service: Se
 @pytest.mark.parametrize(
     ("out", "rule"),
     [
-        ("/nonexistent/dir/x.yaml", "error: out: must be in an existing folder, but /nonexistent/dir does not exist"),
-        ("/nonexistent/dir/", "error: out: must be in an existing folder, but /nonexistent does not exist"),
+        ("{tmp}/missing/dir/x.yaml", "error: out: must be in an existing folder, but {tmp}/missing/dir does not exist"),
+        ("{tmp}/missing/dir/", "error: out: must be in an existing folder, but {tmp}/missing does not exist"),
         ("/proc/version", "error: out: cannot be written: "),
     ],
 )
-def test_export_to_a_path_that_cannot_be_written_exits_2_naming_out(cpu_service: Service, out: str, rule: str) -> None:
-    exported = run(cpu_service, "export", *UNMEASURED, "--out", out)
+def test_export_to_a_path_that_cannot_be_written_exits_2_naming_out(
+    cpu_service: Service, tmp_path: Path, out: str, rule: str
+) -> None:
+    """The missing folders are under this test's own tmp_path: a machine-wide path such as /nonexistent (the
+    home of Debian's `nobody` and `_apt`) is absent only until something on the machine creates it, and then
+    export wrote into it and exited 0.  /proc/version refuses a write even from root (EIO)."""
+    exported = run(cpu_service, "export", *UNMEASURED, "--out", out.format(tmp=tmp_path))
     assert exported.exit_code == 2, exported.output
-    assert rule in exported.stderr and "Traceback" not in exported.output
+    assert rule.format(tmp=tmp_path) in exported.stderr and "Traceback" not in exported.output
 
 
 def test_status_into_a_pipe_prints_a_waiting_job_at_once(cpu_service: Service) -> None:

@@ -11,7 +11,16 @@ from collections.abc import Callable
 import pytest
 import torch
 from compiled import run_compiled
-from late_flags import ThreadPeer, calibrated, gather_late, reduce_late, scatter_late, spin_then_copy
+from late_flags import (
+    ThreadPeer,
+    calibrated,
+    gather_late,
+    gather_one_late,
+    reduce_late,
+    scatter_late,
+    scatter_one_late,
+    spin_then_copy,
+)
 from ring_cases import REL_TOL, rel_err
 from triton_interpreter import interpreted
 
@@ -95,6 +104,26 @@ def test_scatter_waits_for_each_segment_that_arrives_after_the_launch(chunks: in
     assert rel_err(out, want) <= REL_TOL[torch.float32]
 
 
+@pytest.mark.parametrize("kernel", ["gather", "scatter"])
+def test_one_rank_behind_the_others_is_waited_for_and_a_wait_one_epoch_short_reads_its_last_call(kernel: str) -> None:
+    """The ring holds the last call's chunks and flags; every source but one has sent this call's, the late
+    one sends after the kernel would have finished.  The kernel's result is this call's; planted one epoch
+    short, it is wrong (it took the late rank's last chunk), so the check tells the two apart."""
+
+    def case(peer: object, short: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        if kernel == "gather":
+            return gather_one_late(ring_gemm, peer, "cpu", chunks=4, rank=1, late=3, shape=(32, 64, 16), gemm_sms=2,
+                                   short=short)  # fmt: skip
+        return scatter_one_late(ring_gemm, peer, "cpu", chunks=4, rank=3, late=0, shape=(64, 64, 16), gemm_sms=2,
+                                col_groups=1, short=short)  # fmt: skip
+
+    out, want = _late(case)
+    assert rel_err(out, want) <= REL_TOL[torch.float32]
+    peer = ThreadPeer(calibrated(case))
+    out, want = case(peer, short=True)
+    assert rel_err(out, want) > 0.1
+
+
 _CUDA_LATE_FLAGS = """
 import sys
 import torch
@@ -117,6 +146,18 @@ for chunks, rank in ((2, 0), (4, 1)):
     out, want = scatter_late(ring_gemm, StreamPeer(0.2), "cuda", chunks=chunks, rank=rank, shape=(256, 512, 256),
                              config=None, gemm_sms=4, col_groups=2)
     assert rel_err(out, want) <= 1e-2, ("scatter", chunks, rank)
+# one rank behind the others, the last call's chunks and flags still there: waited for; one epoch short,
+# the kernel takes the late rank's last chunk (a race inside the kernel, caught by the output)
+from late_flags import gather_one_late, scatter_one_late
+for short in (False, True):
+    for name, err in (
+        ("gather", rel_err(*gather_one_late(ring_gemm, StreamPeer(0.2), "cuda", chunks=4, rank=1, late=3,
+                                             shape=(256, 512, 256), gemm_sms=4, short=short))),
+        ("scatter", rel_err(*scatter_one_late(ring_gemm, StreamPeer(0.2), "cuda", chunks=4, rank=3, late=0,
+                                               shape=(256, 512, 256), gemm_sms=4, col_groups=2, short=short))),
+    ):
+        print(name, "short" if short else "waited", err)
+        assert (err > 0.1) if short else (err <= 1e-2), (name, short, err)
 print("late flags ok")
 """
 
@@ -124,7 +165,8 @@ print("late flags ok")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_flag_kernels_wait_for_flags_raised_from_another_stream() -> None:
     """The compiled kernels in a fresh process without TRITON_INTERPRET: a second stream writes the data and
-    raises the flags behind a ~0.2 s sleep while the kernel spins."""
+    raises the flags behind a ~0.2 s sleep while the kernel spins; with one rank's flag delayed so (the others
+    up, the last call's chunks in place) the output is this call's, and one epoch short it is not."""
     run_compiled(_CUDA_LATE_FLAGS)
 
 

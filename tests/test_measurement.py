@@ -3,6 +3,7 @@ out by hand, a simulated machine whose true share is known, and results stored b
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 
@@ -106,6 +107,28 @@ def test_baselines_of_other_rounds_widen_the_interval_by_the_drift() -> None:
         paired, apart = (percentile_interval(hidden_replicates(o, g, c, paired=p, n=400)) for p in (True, False))
         ratio.append((apart[1] - apart[0]) / (paired[1] - paired[0]))
     assert statistics.median(ratio) > 3
+
+
+def test_hidden_is_scored_against_the_faster_gemm_so_a_faster_gemm_of_ours_is_not_comm_hidden() -> None:
+    # A ring whose chunks run our GEMM takes 2.1 ms; the library GEMM alone 2.0 ms, ours alone 1.8 ms, the
+    # all-gather 1.0 ms.  Against the library GEMM it would hide 1 - (2.1 - 2.0) / 1.0 = 90%, though 0.2 ms of
+    # the gain is our GEMM's, not overlap's; against the faster GEMM (ours) it hides 1 - 0.3 / 1.0 = 70%.
+    # A config on the library GEMM in the same batch faces the same bar.  Every replicate of these steady
+    # series is 70%, and where our GEMM is the slower one the library's 2.0 ms is the bar (90%).
+    library, ours, comm = series([2.0, 2.0], [2.0, 2.0]), series([1.8, 1.8], [1.8, 1.8]), series([1.0] * 2, [1.0] * 2)
+    for source in BaselineSource:
+        baselines = Baselines(
+            source=source, collective=Collective.ALL_GATHER, gemm=library, comm=comm, serial=comm, gemm_ours=ours
+        )
+        m = Measurement.measured(overlap=series([2.1, 2.1], [2.1, 2.1]), baselines=baselines, rel_err=0, valid=True)
+        assert (m.gemm_ms, m.exposed_ms) == pytest.approx((1.8, 0.3))
+        assert m.hidden_frac == pytest.approx(0.7)
+        assert m.hidden_ci == pytest.approx((0.7, 0.7))
+        assert m.hidden_replicates(n=50) == pytest.approx([0.7] * 50)
+        assert Measurement.from_dict(m.to_dict()) == m
+        slower_ours = dataclasses.replace(baselines, gemm_ours=series([2.3, 2.3], [2.3, 2.3]))
+        m = Measurement.measured(overlap=m.series, baselines=slower_ours, rel_err=0, valid=True)
+        assert (m.gemm_ms, m.hidden_frac) == pytest.approx((2.0, 0.9))
 
 
 def test_a_result_stored_before_baselines_were_kept_loads_and_keeps_its_numbers() -> None:

@@ -162,3 +162,14 @@ def test_two_apps_in_one_process_count_apart(two_apps: list[str]) -> None:
 
 def _seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
+
+
+def test_best_answers_are_counted_by_where_they_came_from(two_apps: list[str]) -> None:
+    """Three asks of one query within the cache's second: one computed, two kept; another query: computed."""
+    a, _ = two_apps
+    for params in (SHAPE, SHAPE, SHAPE, {**SHAPE, "seq": 64}):
+        assert httpx.get(f"{a}/v1/best", params=params).status_code == 200
+    samples = scrape(a)
+    assert value(samples, "autotune_best_answers_total", source="computed") == 2
+    assert value(samples, "autotune_best_answers_total", source="cache") == 2
+    assert value(samples, "autotune_best_answers_total", source="shared") == 0

@@ -129,6 +129,8 @@ class BaselinesCreate(Strict):
     gemm: SeriesCreate
     comm: SeriesCreate
     serial: SeriesCreate
+    gemm_ours: SeriesCreate | None = None
+    """Our GEMM alone beside the library's (``gemm_ms`` is the faster); None where it was not timed."""
 
 
 class MeasurementCreate(Strict):

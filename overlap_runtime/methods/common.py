@@ -149,7 +149,10 @@ class Operands:
         return self.scratch[key]
 
     def outputs(self) -> list[torch.Tensor]:
-        return [t for t in (self.out, self.y) if t is not None]
+        """What a call leaves for its caller: the output, the independent collective's, and the gathered input
+        when the caller keeps it (`keep_gathered`)."""
+        kept = [self.gathered()] if self.keep_gathered else []
+        return [t for t in (self.out, self.y) if t is not None] + kept
 
     def poison(self, dev: Device) -> None:
         """On the current stream: NaN into the outputs and every buffer a transfer or a chunk writes (scratch,
@@ -244,15 +247,20 @@ def fp8_reduce_scatter(
     return Work([work.wait, lambda: dev.launch(reduce)])
 
 
-def gemm_only(dev: Device, ops: Operands) -> None:
-    """The full GEMM alone, all SMs, library GEMM: what `gemm_ms` times."""
+def gemm_only(dev: Device, ops: Operands, *, kind: str = "cublas") -> None:
+    """The full GEMM alone, all SMs: the library GEMM (``kind`` cublas) or ours (triton); `gemm_ms` is the
+    faster of the two."""
     g = ops.gemm
     if g.coupled and g.collective == Collective.ALL_GATHER:
-        dev.library_gemm(ops.gathered(), ops.b, ops.out, ops.scales)
+        a, out = ops.gathered(), ops.out
     elif g.coupled:
-        dev.library_gemm(ops.a, ops.b, ops.partials("partial", (g.tokens, g.n)), ops.scales)
+        a, out = ops.a, ops.partials("partial", (g.tokens, g.n))
     else:
-        dev.library_gemm(ops.a, ops.b, ops.out, ops.scales)
+        a, out = ops.a, ops.out
+    if kind == "cublas":
+        dev.library_gemm(a, ops.b, out, ops.scales)
+    else:
+        dev.gemm(a, ops.b, out, gemm_sms=None, kind=kind, scales=ops.scales)
 
 
 def comm_only(dev: Device, ops: Operands) -> None:

@@ -163,17 +163,25 @@ def _fused_ring_ag(dev: Device, ops: Operands, plan: Plan) -> None:
     dev.gather_gemm(
         ops.a, buf, ops.b, ops.out, epoch=e, gemm_sms=plan.gemm_sms, site="fused_ag.arrived", scales=ops.scales
     )
-    _keep_gathered(dev, ops, buf)
+    _keep_gathered_and_finish(dev, ops, comm, buf, e)
+
+
+def _keep_gathered_and_finish(dev: Device, ops: Operands, comm: Any, buf: PeerBuffer, e: int) -> None:
+    """`_finish` an all-gather, first copying the gathered input into `gathered` on the main stream when the
+    caller keeps it (`Operands.keep_gathered`, after the GEMMs that waited for every chunk): the peers'
+    chunks are ours only until `_finish` releases them."""
+    late = ops.keep_gathered and dev.read_late("keep_gathered.copy")
+    if ops.keep_gathered and not late:
+        _copy_gathered(dev, ops, buf)
     _finish(dev, comm, buf, e)
+    if late:
+        _copy_gathered(dev, ops, buf)
 
 
-def _keep_gathered(dev: Device, ops: Operands, buf: PeerBuffer) -> None:
-    """On the main stream, after the GEMMs that waited for every chunk: the gathered input into `gathered`
-    when the caller keeps it (`Operands.keep_gathered`); the peers' chunks are still ours until `_finish`."""
-    if ops.keep_gathered:
-        gathered = ops.gathered()
-        dev.copy(gathered, buf.local)
-        dev.copy(gathered[ops.chunk(dev.rank)], ops.a)
+def _copy_gathered(dev: Device, ops: Operands, buf: PeerBuffer) -> None:
+    gathered = ops.gathered()
+    dev.copy(gathered, buf.local)
+    dev.copy(gathered[ops.chunk(dev.rank)], ops.a)
 
 
 def _fused_ring_rs(dev: Device, ops: Operands, plan: Plan) -> None:
@@ -222,8 +230,7 @@ def _ring_ag_ce(dev: Device, ops: Operands, plan: Plan) -> None:
             buf.spin(src, READY, e, site="ring_ag_ce.arrived")
             gemm(buf.local[ops.chunk(src)], ops.b, ops.out[ops.chunk(src)])
     lanes.join()
-    _keep_gathered(dev, ops, buf)
-    _finish(dev, comm, buf, e)
+    _keep_gathered_and_finish(dev, ops, comm, buf, e)
 
 
 def _ring_rs_ce(dev: Device, ops: Operands, plan: Plan) -> None:
