@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from api.schemas import (
     BestPublic,
@@ -32,7 +32,7 @@ from api.schemas import (
     WorkerCreated,
     WorkerPublic,
 )
-from overlap_runtime.errors import AutotuneError, LeaseLost
+from overlap_runtime.errors import AutotuneError, InputError, LeaseLost
 from overlap_runtime.shape import ModelShape
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8000"
@@ -254,10 +254,16 @@ class Client:
     # -- plumbing -----------------------------------------------------------------------------------
 
     def _call(self, model: type[Answer], method: str, path: str, **kwargs: Any) -> Answer:
-        return model.model_validate_json(self._send(method, path, **kwargs).content)
+        response = self._send(method, path, **kwargs)
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError:
+            raise _not_a_controller(response) from None
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)
+        if response.is_client_error and not _is_json(response):  # ours answers every 4xx in JSON
+            raise _not_a_controller(response)
         if response.is_error:
             raise _error(response)
         return response
@@ -273,6 +279,20 @@ def _as(worker: WorkerCreated, claim: ClaimPublic | None = None) -> dict[str, st
 
 def _params(query: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in query.items() if v is not None}
+
+
+def _is_json(response: httpx.Response) -> bool:
+    return response.headers.get("content-type", "").split(";")[0].strip() == "application/json"
+
+
+def _not_a_controller(response: httpx.Response) -> InputError:
+    """The answer of some other HTTP service (a web page, another API) where the controller was expected:
+    the ``--controller`` URL is wrong, which its raw answer would not say."""
+    request = response.request
+    kind = response.headers.get("content-type", "no content type").split(";")[0]
+    url = f"{request.url.scheme}://{request.url.netloc.decode()}"
+    rule = f"is not an autotune controller: {request.method} {request.url.path} answered HTTP {response.status_code} ({kind})"
+    return InputError("controller", rule, url)
 
 
 def _error(response: httpx.Response) -> AutotuneError:

@@ -9,6 +9,7 @@ died are measured first.  The winners go to the service's best-config table, the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from autotune.tuner.outcome import SlotOutcome
 from autotune.tuner.proposal import Proposal, Purpose
 from autotune.tuner.studies import SlotStudy
 from overlap_runtime.config import NO_OVERLAP, OverlapConfig
-from overlap_runtime.errors import ConfigError, TrialFailure
+from overlap_runtime.errors import ConfigError, InputError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.runtime import open_runtime
 from overlap_runtime.shape import ModelShape, Slot
@@ -121,11 +122,12 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     """Tune every requested slot; bad input (shape, layers, backend) raises `InputError` before anything runs."""
     shape = request.shape
     slots = tunable_slots(shape, request.layers)
+    _make_out(request.out)
+    engine = create_engine_for(url=request.db)  # a --db in a missing folder is an InputError before anything runs
     with open_runtime(tp=shape.tp, backend=request.backend) as runtime:
         for slot in slots:  # the runtime's shape rules (tp, dtype) as an InputError now, not as failed trials
             runtime.check(shape, slot, NO_OVERLAP)
         gpu = results_gpu(request.gpu or device_gpu_name(backend=request.backend), request.backend)
-        engine = create_engine_for(url=request.db)
         upgrade(engine=engine)
         optuna = optuna_storage(engine)
         with session_factory(engine=engine)() as session:
@@ -165,6 +167,17 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     return TuneReport(shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files, choice=choice)
 
 
+def _make_out(out: Path) -> None:
+    """Create ``out`` (the presets' folder) now, and check it takes files: a tune of minutes must not end
+    in a folder it cannot write."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError("out", f"cannot be made a folder: {e.strerror or e}", str(out)) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise InputError("out", "is a folder this user cannot write", str(out))
+
+
 @contextmanager
 def _progress(console: Console) -> Iterator[Progress]:
     """One bar per slot, only on a terminal (pipes and CI logs get the table alone)."""
@@ -183,7 +196,6 @@ def _write_presets(
 ) -> tuple[Path, ...]:
     """Each of `TUNE_FORMATS` into ``request.out``: the TE formats with the TE-exact winners chosen for the
     consumer asked for (else the format's own), ours with the overall winners."""
-    request.out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in TUNE_FORMATS:
         fmt = FORMATS[name]

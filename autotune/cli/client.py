@@ -30,6 +30,8 @@ from search_spaces.consumers import Consumer, rendered, switch_lines
 from search_spaces.export import ALTERNATIVES_SHOWN
 from search_spaces.formats import exported_of
 
+MAX_PORT = 65535
+
 
 def controller_url(value: str) -> str:
     """``--controller`` as given, once it is an http(s) URL with a host: anything else is bad input (exit 2),
@@ -42,6 +44,8 @@ def controller_url(value: str) -> str:
         raise InputError(
             "controller", "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000", value
         )
+    if url.port is not None and not 0 < url.port <= MAX_PORT:
+        raise InputError("controller", f"port must be 1 to {MAX_PORT}", value)
     return value
 
 

@@ -21,6 +21,7 @@ import contextlib
 import copy
 import logging
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -38,8 +39,9 @@ from api.main import app_from_env, create_app
 from api.settings import Settings
 from autotune.cli import signals
 from autotune.cli.local_token import load_or_create_token, token_path
+from autotune.cli.log_level import LogLevel
 from autotune.cli.measure import default_backend
-from overlap_runtime.errors import InputError
+from overlap_runtime.errors import AutotuneError, InputError
 
 WORKER_STOP_TIMEOUT_S = 10.0
 _CLI_MAIN = "from autotune.cli.app import main; main()"
@@ -70,7 +72,7 @@ def serve(
         ),
     ] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="No token at all; loopback bind only")] = False,
-    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    log_level: LogLevel = "info",
     workers: Annotated[
         int,
         typer.Option(
@@ -104,6 +106,7 @@ def serve(
     }
     settings.check_auth()
     settings.check_scheduler()
+    _check_port(settings)
     _migrate(settings)
     app: FastAPI | str = create_app(settings) if workers == 1 else _export_for_workers(settings)
     signals.stop_on_sigterm()  # uvicorn raises SIGTERM again once it has shut down: stop the local worker then
@@ -126,6 +129,17 @@ def _settings(overrides: dict[str, Any]) -> Settings:
         first = e.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         raise InputError(field, first["msg"], first.get("input")) from None
+
+
+def _check_port(settings: Settings) -> None:
+    """Fail now (exit 1, with the reason) when the address cannot be bound, before the database is migrated
+    and the scheduler role taken: uvicorn would find out only after both, and exit 3."""
+    with socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as e:
+            raise AutotuneError(f"port: cannot listen on {settings.host}:{settings.port}: {e.strerror or e}") from None
 
 
 def _migrate(settings: Settings) -> None:
