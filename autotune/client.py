@@ -11,6 +11,9 @@ is no longer its own: the same class storage raises on the controller.  Network 
 
 from __future__ import annotations
 
+import contextlib
+import re
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -37,6 +40,10 @@ from overlap_runtime.shape import ModelShape
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT_S = 30.0
+JOB_REF = re.compile(r"[0-9a-fA-F-]{1,36}")
+"""A job id or its first characters, as `resolve_job` takes them."""
+AMBIGUOUS_SHOWN = 5
+"""Jobs named when a prefix is ambiguous."""
 ENDED = ("succeeded", "failed", "cancelled")
 """The job statuses after which a job changes no more."""
 
@@ -132,7 +139,32 @@ class Client:
         return self._call(JobAccepted, "POST", "/v1/jobs", json=body)
 
     def job(self, job_id: str) -> JobPublic:
-        return self._call(JobPublic, "GET", f"/v1/jobs/{job_id}")
+        return self._call(JobPublic, "GET", self._job_path(job_id))
+
+    def resolve_job(self, ref: str) -> str:
+        """The id of the job whose id is ``ref``, or the one job whose id starts with it (the 8 characters the
+        dashboard and the progress lines show).  `InputError` naming job_id for anything but hex digits and
+        dashes (never spliced into a URL) or a prefix that several jobs share; `ApiError` 404 when none has it."""
+        if not JOB_REF.fullmatch(ref):
+            rule = "must be a job id or its first characters: hex digits and dashes, as submit prints it"
+            raise InputError("job_id", rule, ref)
+        with contextlib.suppress(ValueError):
+            if len(ref) in (32, 36):
+                return str(uuid.UUID(ref))
+        page = self._call(JobsPage, "GET", "/v1/jobs", params={"id_prefix": ref, "limit": AMBIGUOUS_SHOWN})
+        if page.total == 0:
+            raise ApiError(
+                httpx.codes.NOT_FOUND, [{"field": "job_id", "rule": "no job's id starts with it", "value": ref}]
+            )
+        if page.total > 1:
+            shown = ", ".join(job.id[:13] for job in page.items) + (", ..." if page.total > len(page.items) else "")
+            raise InputError(
+                "job_id", f"is ambiguous: {page.total} jobs' ids start with it ({shown}); give more of it", ref
+            )
+        return page.items[0].id
+
+    def _job_path(self, ref: str, tail: str = "") -> str:
+        return f"/v1/jobs/{self.resolve_job(ref)}{tail}"
 
     def jobs(self, *, status: str | None = None) -> list[JobSummary]:
         """``GET /v1/jobs``, every page, newest first; ``status`` keeps only the jobs in that state."""
@@ -146,7 +178,8 @@ class Client:
         return found
 
     def trials(self, job_id: str, *, limit: int = 1000, offset: int = 0) -> TrialsPage:
-        return self._call(TrialsPage, "GET", f"/v1/jobs/{job_id}/trials", params={"limit": limit, "offset": offset})
+        path = self._job_path(job_id, "/trials")
+        return self._call(TrialsPage, "GET", path, params={"limit": limit, "offset": offset})
 
     def all_trials(self, job_id: str) -> list[TrialPublic]:
         """Every trial of the job, page after page."""
@@ -159,11 +192,12 @@ class Client:
         return items
 
     def cancel(self, job_id: str) -> JobPublic:
-        return self._call(JobPublic, "POST", f"/v1/jobs/{job_id}/cancel")
+        return self._call(JobPublic, "POST", self._job_path(job_id, "/cancel"))
 
     def progress(self, job_id: str) -> Iterator[JobPublic]:
         """The job as its server-sent ``progress`` events show it, until the server ends the stream."""
-        with self._http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=httpx.Timeout(None)) as response:
+        path = self._job_path(job_id, "/events")
+        with self._http.stream("GET", path, timeout=httpx.Timeout(None)) as response:
             if response.is_error:
                 response.read()
                 raise _error(response)

@@ -103,7 +103,9 @@ def submit(
 
 
 def status(
-    job_id: Annotated[str, typer.Argument(help="Job id (from submit)")],
+    job_id: Annotated[
+        str, typer.Argument(help="Job id (from submit), or its first characters if no other job's share them")
+    ],
     follow: Annotated[bool, typer.Option("--follow/--no-follow", help="Live progress until the job ends")] = True,
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
@@ -111,6 +113,7 @@ def status(
 ) -> None:
     """Show a job: a live progress bar until it ends (on a terminal), then each slot's best config."""
     with _client(controller, token) as client:
+        job_id = client.resolve_job(job_id)  # once: the prefix the dashboard shows, say
         if follow:
             _follow(client, job_id, as_json=as_json)
             return
@@ -297,7 +300,7 @@ def export(
 
 
 def cancel(
-    job_id: Annotated[str, typer.Argument(help="Job id")],
+    job_id: Annotated[str, typer.Argument(help="Job id, or its first characters if no other job's share them")],
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
     as_json: AsJson = False,
