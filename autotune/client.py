@@ -86,6 +86,8 @@ class PresetFile:
     measured: bool
     """False: the nearest known preset, not a measurement of this shape."""
     file_name: str | None
+    nearest: str | None = None
+    """Where the nearest preset comes from, its distance, GPU and dtype (when ``measured`` is false)."""
 
 
 class Client:
@@ -226,10 +228,12 @@ class Client:
         gpu: str | None = None,
         format: str = "nemo",
         consumer: str | None = None,
+        nearest: bool = True,
     ) -> PresetFile:
         """``GET /v1/presets`` for the shape fields, as `best` takes them; ``consumer``: who runs it (the
-        format's own by default)."""
-        params = _params({**shape, "gpu": gpu, "format": format, "consumer": consumer})
+        format's own by default); ``nearest``: for a shape never tuned, the nearest preset (marked) rather
+        than an `ApiError` 404 naming the nearest tuned shapes."""
+        params = _params({**shape, "gpu": gpu, "format": format, "consumer": consumer, "nearest": nearest})
         response = self._send("GET", "/v1/presets", params=params)
         disposition = response.headers.get("content-disposition", "")
         name = disposition.split('filename="', 1)[1].rstrip('"') if 'filename="' in disposition else None
@@ -237,6 +241,7 @@ class Client:
             text=response.text,
             measured=response.headers.get("x-autotune-measured", "true") == "true",
             file_name=name,
+            nearest=response.headers.get("x-autotune-nearest"),
         )
 
     def workers(self) -> list[WorkerPublic]:

@@ -13,7 +13,7 @@ Typical start-up::
         job = create_job(session=session, shape=shape, layers=["qkv_fprop"], n_trials=20, backend=Backend.CUDA)
 """
 
-from storage.best import get_best, list_winners, tuned_shapes, upsert_best
+from storage.best import TunedResult, get_best, list_winners, tuned_results, tuned_shapes, upsert_best
 from storage.counts import StateCounts, state_counts
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
 from storage.errors import Conflict, NotFound, StorageError, public_reason
@@ -71,6 +71,7 @@ __all__ = [
     "StorageError",
     "Trial",
     "TrialState",
+    "TunedResult",
     "Worker",
     "WorkerStatus",
     "acquire_leadership",
@@ -114,6 +115,7 @@ __all__ = [
     "session_factory",
     "set_job_status",
     "state_counts",
+    "tuned_results",
     "tuned_shapes",
     "update_layer_study",
     "upgrade",

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -25,13 +26,14 @@ from overlap_runtime.config import OverlapConfig
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import load_ours, parse_bridge, parse_nemo, to_te_dict
 from search_spaces.export import NO_TE_EXACT
+from search_spaces.registry import DTYPE_MISMATCH
 from search_spaces.te_exact import is_te_exact
 
 if TYPE_CHECKING:
     from click.testing import Result
     from conftest_service import Service
 
-pytest_plugins = ("conftest_service",)  # cpu_service
+pytest_plugins = ("conftest_service",)  # cpu_service, idle_service
 
 SHAPE_ARGS = ["--hidden", "64", "--tp", "2", "--seq", "32"]
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
@@ -213,13 +215,13 @@ def test_an_unreachable_controller_exits_1() -> None:
 
 
 UNMEASURED = ["--hidden", "8192", "--tp", "8", "--seq", "2048", "--mbs", "4"]
-"""A shape nothing was tuned for: export writes the nearest NVIDIA preset, without any trial run."""
+"""A shape nothing was tuned for: export --nearest writes the nearest NVIDIA preset, without any trial run."""
 
 
 @pytest.mark.parametrize("out", ["presets/", "presets"])
 def test_export_into_a_folder_that_does_not_exist_creates_it(cpu_service: Service, tmp_path: Path, out: str) -> None:
     folder = tmp_path / "presets"
-    exported = run(cpu_service, "export", *UNMEASURED, "--out", f"{tmp_path}/{out}")
+    exported = run(cpu_service, "export", *UNMEASURED, "--nearest", "--out", f"{tmp_path}/{out}")
     assert exported.exit_code == 0, exported.output
     path = Path(exported.stdout.strip())
     assert folder.is_dir() and path.parent == folder
@@ -228,8 +230,8 @@ def test_export_into_a_folder_that_does_not_exist_creates_it(cpu_service: Servic
 
 
 def test_export_te_into_a_folder_writes_nvidia_file_name_as_json(cpu_service: Service, tmp_path: Path) -> None:
-    nemo = Path(run(cpu_service, "export", *UNMEASURED, "--out", str(tmp_path)).stdout.strip())
-    te = run(cpu_service, "export", *UNMEASURED, "--format", "te", "--out", str(tmp_path))
+    nemo = Path(run(cpu_service, "export", *UNMEASURED, "--nearest", "--out", str(tmp_path)).stdout.strip())
+    te = run(cpu_service, "export", *UNMEASURED, "--nearest", "--format", "te", "--out", str(tmp_path))
     assert te.exit_code == 0, te.output
     path = Path(te.stdout.strip())
     preset = parse_nemo(nemo.read_text(), name=nemo.name)
@@ -248,7 +250,7 @@ def test_export_te_into_a_folder_writes_nvidia_file_name_as_json(cpu_service: Se
     ],
 )
 def test_export_to_a_path_that_cannot_be_written_exits_2_naming_out(cpu_service: Service, out: str, rule: str) -> None:
-    exported = run(cpu_service, "export", *UNMEASURED, "--out", out)
+    exported = run(cpu_service, "export", *UNMEASURED, "--nearest", "--out", out)
     assert exported.exit_code == 2, exported.output
     assert rule in exported.stderr and "Traceback" not in exported.output
 
@@ -337,3 +339,43 @@ def test_a_winner_slower_than_its_serial_time_gets_the_note_unless_it_is_none() 
     assert _slower_than_serial(layer("ring_exchange", 1.2)) == SLOWER_NOTE
     assert _slower_than_serial(layer("ring_exchange", 0.8)) is None
     assert _slower_than_serial(layer("none", 1.2)) is None
+
+
+def _cli(service: Service, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script as a user runs it, against ``service``."""
+    env = {**os.environ, "AUTOTUNE_CONTROLLER": service.url, "AUTOTUNE_TOKEN": service.token}
+    return subprocess.run([AUTOTUNE, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.slow
+def test_export_of_a_shape_never_tuned_fails_naming_the_nearest_tuned_shapes(
+    cpu_service: Service, finished_job: str, tmp_path: Path
+) -> None:
+    """mbs 2 was never tuned; mbs 1 of the same model was (1 doubling away), and NVIDIA's presets are far
+    further: the tuned shape is named, and --nearest writes it, saying how far, which GPU and which dtype."""
+    never = [*SHAPE_ARGS, "--mbs", "2"]
+    refused = _cli(cpu_service, "export", *never, "--out", str(tmp_path))
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith("error: shape: was never tuned; the nearest tuned here: h64_tp2_")
+    assert " on cpu (" in refused.stderr and "; ask with nearest=true" in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+    written = _cli(cpu_service, "export", *never, "--nearest", "--out", str(tmp_path))
+    assert written.returncode == 0, written.stderr
+    assert written.stderr.startswith(
+        "warning: NOT MEASURED for this shape: the nearest preset is tuned here: cpu h64_tp2_"
+    )
+    assert written.stderr.rstrip().endswith("GPU cpu, dtype bf16")
+    header = Path(written.stdout.strip()).read_text().splitlines()[1]
+    assert header.startswith("# nearest: tuned here: cpu h64_tp2_") and header.endswith("GPU cpu, dtype bf16")
+    distance = float(header.split(", ")[1].split(" doublings")[0])
+    assert 0 < distance <= 1
+
+
+def test_nearest_ranks_a_bf16_request_away_from_fp8_presets(idle_service: Service) -> None:
+    """NVIDIA's h8192 tp4 seq8192 launcher preset is FP8 by its header: a request without a dtype asks for
+    bf16, so that preset is DTYPE_MISMATCH further away than its shape alone."""
+    query = {"hidden": 8192, "tp": 4, "seq": 8192, "gpu": "h100"}
+    plain = httpx.get(f"{idle_service.url}/v1/best", params=query).json()["nearest"]
+    fp8 = httpx.get(f"{idle_service.url}/v1/best", params={**query, "dtype": "fp8"}).json()["nearest"]
+    assert fp8["dtype"] == "fp8" and fp8["distance"] == 0
+    assert plain["dtype"] != "fp8" or plain["distance"] >= DTYPE_MISMATCH

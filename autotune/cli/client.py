@@ -273,19 +273,32 @@ def export(
     out: Annotated[
         str, typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name: docs/cli.md")
     ] = ".",
+    nearest: Annotated[
+        bool,
+        typer.Option(
+            "--nearest",
+            help="For a shape never tuned, write the nearest preset (a shape tuned here or NVIDIA's, by the "
+            "distance of docs/export.md) instead of failing",
+        ),
+    ] = False,
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the file's path, whether it was measured, and the switches as JSON")
     ] = False,
 ) -> None:
-    """Write the shape's preset file (NeMo/Megatron YAML of the TE-exact winners by default) and print its path."""
+    """Write the shape's preset file (NeMo/Megatron YAML of the TE-exact winners by default) and print its path;
+    a shape never tuned is exit 1 naming the nearest tuned shapes, unless ``--nearest``."""
     with _client(controller, token) as client:
         preset = client.preset(
-            shape, gpu=gpu, format=format.value, consumer=None if consumer is None else consumer.value
+            shape,
+            gpu=gpu,
+            format=format.value,
+            consumer=None if consumer is None else consumer.value,
+            nearest=nearest,
         )
     if not preset.measured:
-        typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
+        typer.echo(f"warning: NOT MEASURED for this shape: the nearest preset is {preset.nearest}", err=True)
     name = preset.file_name or f"preset{FORMATS[format].suffix}"  # the controller names it
     path = write_out(out, preset.text, name=name)
     if not as_json:
