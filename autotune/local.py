@@ -25,7 +25,7 @@ from autotune.tuner.gpu import device_gpu_name, preset_gpu_name, results_gpu
 from autotune.tuner.outcome import SlotOutcome
 from autotune.tuner.proposal import Proposal, Purpose
 from autotune.tuner.studies import SlotStudy
-from overlap_runtime.config import NO_OVERLAP, OverlapConfig
+from overlap_runtime.config import NO_OVERLAP, OverlapConfig, check_backend_size
 from overlap_runtime.errors import ConfigError, InputError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.runtime import open_runtime
@@ -122,6 +122,7 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     """Tune every requested slot; bad input (shape, layers, backend) raises `InputError` before anything runs."""
     shape = request.shape
     slots = tunable_slots(shape, request.layers)
+    check_backend_size(shape, request.backend)
     _make_out(request.out)
     engine = create_engine_for(url=request.db)  # a --db in a missing folder is an InputError before anything runs
     with open_runtime(tp=shape.tp, backend=request.backend) as runtime:

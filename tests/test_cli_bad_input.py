@@ -146,6 +146,30 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path: Path) ->
             "error: controller: port must be 1 to 65535 (got 'http://127.0.0.1:99999')\n",
         ),
         (
+            ["tune", "--hidden", "8192", "--tp", "2", "--seq", "8192", "--backend", "cpu"],
+            "error: shape: is too large for the CPU backend: its largest GEMM per rank (fc1_fprop, 8192x16384x8192) ",
+        ),
+        (
+            [
+                *[
+                    "measure",
+                    "--layer",
+                    "qkv_fprop",
+                    "--method",
+                    "ring_exchange",
+                    "--hidden",
+                    "8192",
+                    "--tp",
+                    "2",
+                    "--seq",
+                    "8192",
+                    "--backend",
+                    "cpu",
+                ]
+            ],
+            "error: shape: is too large for the CPU backend: ",
+        ),
+        (
             ["tune", *SHAPE, "--backend", "cpu", "--out", "/proc/x/y"],
             "error: out: cannot be made a folder: No such file or directory (got '/proc/x/y')\n",
         ),

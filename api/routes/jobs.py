@@ -24,7 +24,7 @@ from api.events import RETRY_AFTER_S as STREAMS_RETRY_AFTER_S
 from api.events import JobFeed, StreamsFull, Subscription
 from api.schemas import ErrorPublic, JobAccepted, JobCreate, JobPublic, JobsPage, JobSummary, TrialsPage
 from api.views import job_view, trial_view
-from overlap_runtime.config import OverlapConfig
+from overlap_runtime.config import OverlapConfig, check_backend_size
 from overlap_runtime.errors import ConfigError, InputError
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import slot_space, tunable_slots
@@ -56,6 +56,7 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep, resp
     shape = body.shape.to_shape()
     slots = tunable_slots(shape, body.layers)
     backend = Backend(body.backend or settings.default_backend)
+    check_backend_size(shape, backend.value)  # a CPU job past the limit would never end: 422 now
     job = storage.create_job(
         session=session,
         shape=shape,
