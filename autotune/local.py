@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Protocol
 
+import optuna as optuna_lib
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from sqlalchemy import Engine
@@ -24,7 +25,7 @@ from sqlalchemy import Engine
 from autotune.tuner.gpu import device_gpu_name, preset_gpu_name, results_gpu
 from autotune.tuner.outcome import SlotOutcome
 from autotune.tuner.proposal import Proposal, Purpose
-from autotune.tuner.studies import SlotStudy
+from autotune.tuner.studies import SlotStudy, study_name
 from overlap_runtime.config import NO_OVERLAP, OverlapConfig, check_backend_size
 from overlap_runtime.errors import ConfigError, InputError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
@@ -99,6 +100,8 @@ class TuneRequest:
     seed: int | None = None
     consumer: Consumer | None = None
     """Who runs the presets; None: each format's own (`search_spaces.formats.PresetFormat.consumer`)."""
+    fresh: bool = False
+    """Delete the slots' studies of an earlier run (finished or not) first, so every slot is measured anew."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +115,8 @@ class TuneReport:
     files: tuple[Path, ...]
     choice: ConsumerChoice | None = None
     """The joint choice of the consumer asked for (else of the NeMo YAML's, megatron); None with no winner."""
+    reused: tuple[Slot, ...] = ()
+    """Slots whose study an earlier run had finished: their results are read back, nothing is measured."""
 
     @property
     def ok(self) -> bool:
@@ -131,6 +136,10 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
         gpu = results_gpu(request.gpu or device_gpu_name(backend=request.backend), request.backend)
         upgrade(engine=engine)
         optuna = optuna_storage(engine)
+        if request.fresh:
+            for slot in slots:
+                with suppress(KeyError):  # no earlier study
+                    optuna_lib.delete_study(study_name=study_name(gpu=gpu, shape=shape, slot=slot), storage=optuna)
         with session_factory(engine=engine)() as session:
             studies = {
                 slot: open_study(
@@ -146,6 +155,7 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
                 )
                 for slot in slots
             }
+        reused = tuple(slot for slot, study in studies.items() if study.progress().phase == "finished")
         with _progress(console) as bars:
             for slot, study in studies.items():
                 task = bars.add_task(slot.value, total=request.n_trials + 1)
@@ -165,7 +175,9 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
         choice = consumer_choice(results, request.consumer or Consumer.MEGATRON)
         _record_best(engine=engine, gpu=gpu, shape=shape, outcomes=decided)
     engine.dispose()
-    return TuneReport(shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files, choice=choice)
+    return TuneReport(
+        shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files, choice=choice, reused=reused
+    )
 
 
 def _make_out(out: Path) -> None:

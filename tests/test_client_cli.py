@@ -379,3 +379,16 @@ def test_nearest_ranks_a_bf16_request_away_from_fp8_presets(idle_service: Servic
     fp8 = httpx.get(f"{idle_service.url}/v1/best", params={**query, "dtype": "fp8"}).json()["nearest"]
     assert fp8["dtype"] == "fp8" and fp8["distance"] == 0
     assert plain["dtype"] != "fp8" or plain["distance"] >= DTYPE_MISMATCH
+
+
+def test_submit_for_a_gpu_no_registered_worker_has_warns_at_once(cpu_service: Service) -> None:
+    """A cpu job runs on the CPU worker whatever --gpu says: the warning says so instead of staying silent."""
+    submitted = _cli(cpu_service, "submit", *SHAPE_ARGS, "--backend", "cpu", "--gpu", "h200", "--layers", "qkv_fprop")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    with cpu_service.client() as client:
+        client.cancel(job_id)
+    assert submitted.stderr == (
+        f"warning: job {job_id}: no registered worker has a GPU h200 (registered: w0 (cpu)); it runs on the cpu "
+        "backend, which ignores --gpu (--backend cuda for a GPU run)\n"
+    )

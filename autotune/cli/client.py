@@ -22,7 +22,7 @@ from autotune.cli.output import console, write_out
 from autotune.cli.progress import JobProgress, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, ENDED, Client
-from autotune.tuner.gpu import CPU
+from autotune.tuner.gpu import CPU, gpu_matches
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 from search_spaces import FORMATS, FormatName, read_file
@@ -96,10 +96,24 @@ def submit(
             consumer=None if consumer is None else consumer.value,
         )
         typer.echo(accepted.model_dump_json() if as_json else accepted.id)
-        if reason := waiting_reason(client.job(accepted.id)):  # now, not after the user has waited for nothing
+        job = client.job(accepted.id)
+        if reason := waiting_reason(job):  # now, not after the user has waited for nothing
             typer.echo(f"warning: job {accepted.id} waits: {reason}", err=True)
+        elif gpu is not None and (unmet := _gpu_unmet(client, gpu, job)):
+            typer.echo(f"warning: job {accepted.id}: {unmet}", err=True)
         if follow:
             _follow(client, accepted.id, as_json=as_json)
+
+
+def _gpu_unmet(client: Client, gpu: str, job: JobPublic) -> str | None:
+    """What a job's ``--gpu`` does not get, when no registered worker has that GPU model: on the cpu backend
+    it runs anyway (the backend has no GPU to choose), so say so rather than let it pass for a GPU run."""
+    workers = client.workers()
+    if any(w.gpu_model is not None and gpu_matches(w.gpu_model, gpu) for w in workers):
+        return None
+    fleet = ", ".join(f"{w.name} ({w.gpu_model or w.backend})" for w in workers) or "none"
+    ignored = "; it runs on the cpu backend, which ignores --gpu (--backend cuda for a GPU run)"
+    return f"no registered worker has a GPU {gpu} (registered: {fleet}){ignored if job.backend == CPU else ''}"
 
 
 def status(

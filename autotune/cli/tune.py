@@ -28,6 +28,13 @@ def tune(
     gpu: Annotated[str | None, typer.Option(help="GPU model name to key results by (default: GPU 0's)")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampler seed, for reproducible searches")] = None,
     consumer: For = None,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Tune every slot anew: delete this shape's studies on this GPU model from an earlier run first",
+        ),
+    ] = False,
 ) -> None:
     """Tune every layer slot of a shape locally; run it again with the same arguments to resume."""
     signals.stop_on_sigterm()  # `kill` stops like Ctrl-C: the TP group is shut down, exit 130
@@ -41,9 +48,17 @@ def tune(
         gpu=gpu,
         seed=seed,
         consumer=consumer,
+        fresh=fresh,
     )
     console = output.console()
     report = local.tune(request, console=console)
+    if report.reused:
+        names = ", ".join(slot.value for slot in report.reused)
+        print(
+            f"note: {names}: finished by an earlier run in this database, so re-used as they are (nothing of "
+            "them was measured now); --fresh tunes them anew",
+            file=sys.stderr,
+        )
     console.print(outcome_table(report))
     if report.choice is not None:
         for line in choice_lines(report.choice):
