@@ -22,6 +22,7 @@ from autotune.cli.output import console, write_out
 from autotune.cli.progress import JobProgress, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, ENDED, Client
+from autotune.report import CPU_NOTE, hidden_text
 from autotune.tuner.gpu import CPU, gpu_matches
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
@@ -218,7 +219,7 @@ def best(
                 _config_text(best.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
-                "n/a" if on_cpu or m.get("hidden_frac") is None else f"{m['hidden_frac']:.0%}",
+                hidden_text(m.get("hidden_frac"), on_cpu=on_cpu),
                 "none measured" if exact is None else _config_text(exact.config),
                 "-" if exact is None else _ms(exact.measurement.get("overlap_ms")),
                 "; ".join(n for n in (_slower_than_serial(best), best.note) if n),
@@ -249,10 +250,6 @@ def _print_consumer(choice: ConsumerPublic) -> None:
         typer.echo(f"  ... {len(choice.alternatives) - ALTERNATIVES_SHOWN} more (--json)")
 
 
-CPU_NOTE = (
-    "note: measured on the CPU backend (gloo between CPU processes): these times show that the service works, "
-    "not what a GPU gains, so the share hidden is not shown (n/a); tune on GPUs for numbers to use"
-)
 SLOWER_NOTE = (
     "slower than serial in its own trial, yet faster than no overlap (none) measured beside it: "
     "the gap is within the noise"

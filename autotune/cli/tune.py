@@ -13,7 +13,8 @@ from autotune.cli import output, signals
 from autotune.cli.consumer_options import For
 from autotune.cli.measure import BACKEND_HELP, default_backend
 from autotune.cli.shape_options import takes_shape
-from autotune.report import choice_lines, outcome_table
+from autotune.report import CPU_NOTE, choice_lines, outcome_table
+from autotune.tuner.gpu import CPU
 from overlap_runtime.shape import ModelShape
 
 
@@ -65,6 +66,8 @@ def tune(
             console.print(line, highlight=False)
     for path in report.files:
         console.print(f"wrote {path}")
+    if report.gpu == CPU:
+        print(CPU_NOTE, file=sys.stderr)
     if not report.ok:
         failed = ", ".join(slot.value for slot, o in report.outcomes.items() if o is None)
         print(f"error: no config ran correctly for {failed}", file=sys.stderr)
