@@ -392,3 +392,31 @@ def test_submit_for_a_gpu_no_registered_worker_has_warns_at_once(cpu_service: Se
         f"warning: job {job_id}: no registered worker has a GPU h200 (registered: w0 (cpu)); it runs on the cpu "
         "backend, which ignores --gpu (--backend cuda for a GPU run)\n"
     )
+
+
+@pytest.mark.slow
+def test_submit_follow_counts_trials_against_the_budget_and_names_slots_stopped_early(cpu_service: Service) -> None:
+    args = ["submit", *SHAPE_ARGS, "--seq", "64", "--layers", "qkv_fprop,proj_fprop", "--trials", "24"]
+    followed = _cli(cpu_service, *args, "--backend", "cpu", "--follow", "--json")
+    assert followed.returncode == 0, followed.stderr
+    job = json.loads(followed.stdout[followed.stdout.index("{", 1) :])
+    label = f"job {job['id'][:8]}: "
+    progress = [line for line in followed.stderr.splitlines() if line.startswith(label) and " trials, " in line]
+    assert progress and all(line.split(": ")[1].split(" trials")[0].endswith("/48") for line in progress)
+    run = [int(line.split(": ")[1].split("/")[0]) for line in progress]
+    assert run == sorted(run)  # trials run only grow; the budget stays 2 x 24
+    early = {s["slot"] for s in job["slots"] if s["n_complete"] + s["n_failed"] < job["n_trials"]}
+    for slot in job["slots"]:
+        line = f"{label}{slot['slot']} stopped early after {slot['n_complete'] + slot['n_failed']} of 24 trials"
+        assert (line in followed.stderr.splitlines()) == (slot["slot"] in early), followed.stderr
+
+
+@pytest.mark.slow
+def test_best_json_leaves_the_raw_samples_out_unless_asked(cpu_service: Service, finished_job: str) -> None:
+    short = _cli(cpu_service, "best", *SHAPE_ARGS, "--json")
+    full = _cli(cpu_service, "best", *SHAPE_ARGS, "--json", "--samples")
+    assert short.returncode == full.returncode == 0, short.stderr + full.stderr
+    assert '"samples"' not in short.stdout and '"positions"' not in short.stdout
+    assert '"samples"' in full.stdout and len(short.stdout) < len(full.stdout) / 2
+    layer = json.loads(short.stdout)["results"][0]["layers"][0]
+    assert layer["job_id"] == finished_job and layer["measurement"]["overlap_ms"] > 0

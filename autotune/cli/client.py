@@ -19,7 +19,7 @@ from api.schemas import BestLayer, ConsumerPublic, JobPublic
 from autotune.cli.consumer_options import FOR_HELP, For
 from autotune.cli.local_token import read_token
 from autotune.cli.output import console, write_out
-from autotune.cli.progress import JobProgress, waiting_reason
+from autotune.cli.progress import JobProgress, is_stopped_early, trials_run, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, ENDED, Client
 from autotune.report import CPU_NOTE, hidden_text
@@ -157,7 +157,7 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
         typer.echo(job.model_dump_json(indent=2))
         return
     p = job.progress
-    typer.echo(f"job {job.id}: {job.status} ({p.done}/{p.total} trials, {p.fraction:.0%})")
+    typer.echo(f"job {job.id}: {job.status} ({trials_run(job)} of the budget, {p.fraction:.0%})")
     if reason := waiting_reason(job):
         typer.echo(f"waiting: {reason}")
     if job.error:
@@ -168,8 +168,8 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
         m = best.measurement if best else {}
         table.add_row(
             s.slot,
-            s.status,
-            f"{s.n_complete} ok / {s.n_failed} failed",
+            s.status + (" (stopped early)" if is_stopped_early(job, s) else ""),
+            f"{s.n_complete} ok / {s.n_failed} failed of {job.n_trials}",
             _config_text(best.config) if best else "-",
             _ms(m.get("overlap_ms")),
             _ms(m.get("serial_ms")),
@@ -188,13 +188,17 @@ def best(
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
     as_json: AsJson = False,
+    samples: Annotated[
+        bool, typer.Option("--samples", help="With --json: keep each measurement's raw timed samples and positions")
+    ] = False,
 ) -> None:
     """Each slot's best config for a shape; says so plainly when only the nearest known preset is available.
     With ``--for``, also that consumer's joint winner: its switches and the other settings' summed times."""
     with _client(controller, token) as client:
         answer = client.best(shape, gpu=gpu, consumer=None if consumer is None else consumer.value)
     if as_json:
-        typer.echo(answer.model_dump_json(indent=2))
+        data = answer.model_dump(mode="json")
+        typer.echo(json.dumps(data if samples else _without_samples(data), indent=2))
         return
     if answer.nearest is not None:
         near = answer.nearest
@@ -229,6 +233,20 @@ def best(
             _print_consumer(group.consumer)
         if on_cpu:
             typer.echo(CPU_NOTE, err=True)
+
+
+RAW_SAMPLES = ("samples", "positions")
+"""The keys of a measurement (`Measurement.to_dict`) and its baselines that hold every timed repeat: nearly all
+of a shape's `best --json`, which only `--samples` keeps."""
+
+
+def _without_samples(data: object) -> object:
+    """``data`` (JSON) without the `RAW_SAMPLES` keys, at any depth."""
+    if isinstance(data, dict):
+        return {k: _without_samples(v) for k, v in data.items() if k not in RAW_SAMPLES}
+    if isinstance(data, list):
+        return [_without_samples(v) for v in data]
+    return data
 
 
 def _print_consumer(choice: ConsumerPublic) -> None:
