@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from autotune.tuner.gpu import gpu_matches
 from storage import Backend, Job, JobStatus, Worker, WorkerStatus
+from storage.models import GONE_WORKER_STATUSES
 
 
 def fits(worker: Worker, job: Job) -> bool:
@@ -32,7 +33,7 @@ def fits(worker: Worker, job: Job) -> bool:
 
 def can_run(worker: Worker, job: Job) -> bool:
     """Whether ``worker`` can take ``job``'s trials now: it fits and has not gone silent."""
-    return worker.status != WorkerStatus.LOST and fits(worker, job)
+    return worker.status not in GONE_WORKER_STATUSES and fits(worker, job)
 
 
 def waiting_reason(job: Job, workers: Sequence[Worker]) -> str | None:
@@ -44,11 +45,13 @@ def waiting_reason(job: Job, workers: Sequence[Worker]) -> str | None:
     lost = [w for w in workers if fits(w, job)]
     if lost:
         last = max(lost, key=lambda w: w.last_heartbeat)
+        if last.status == WorkerStatus.STOPPED:
+            return f"the last worker that can run it ({last.name} on {last.host}) has stopped; waiting for {need}"
         return (
             f"the last worker that can run it ({last.name} on {last.host}) was lost: no heartbeat since "
             f"{last.last_heartbeat.isoformat(timespec='seconds')}; waiting for {need}"
         )
-    live = [w for w in workers if w.status != WorkerStatus.LOST]
+    live = [w for w in workers if w.status not in GONE_WORKER_STATUSES]
     return f"no registered worker can run it: it needs {need}; registered: {_fleet(live)}"
 
 

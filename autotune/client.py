@@ -260,6 +260,11 @@ class Client:
     def heartbeat(self, worker: WorkerCreated) -> WorkerPublic:
         return self._call(WorkerPublic, "POST", f"/v1/workers/{worker.id}/heartbeat", headers=_as(worker))
 
+    def stopped(self, worker: WorkerCreated, *, timeout_s: float) -> WorkerPublic:
+        """Tell the controller this worker stops cleanly (shown as stopped, not lost)."""
+        path = f"/v1/workers/{worker.id}/stop"
+        return self._call(WorkerPublic, "POST", path, headers=_as(worker), timeout=httpx.Timeout(timeout_s))
+
     def claim(self, worker: WorkerCreated) -> ClaimPublic | None:
         """A leased trial, or None when there is nothing this worker can run now."""
         response = self._send("POST", f"/v1/workers/{worker.id}/claim", headers=_as(worker))

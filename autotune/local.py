@@ -128,8 +128,8 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     shape = request.shape
     slots = tunable_slots(shape, request.layers)
     check_backend_size(shape, request.backend)
-    _make_out(request.out)
     engine = create_engine_for(url=request.db)  # a --db in a missing folder is an InputError before anything runs
+    _make_out(request.out)
     with open_runtime(tp=shape.tp, backend=request.backend) as runtime:
         for slot in slots:  # the runtime's shape rules (tp, dtype) as an InputError now, not as failed trials
             runtime.check(shape, slot, NO_OVERLAP)

@@ -50,7 +50,15 @@ from storage.trials import (
     renew_lease,
 )
 from storage.tuning import open_study, optuna_storage, record_winner
-from storage.workers import authenticate_worker, get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
+from storage.workers import (
+    authenticate_worker,
+    get_worker,
+    heartbeat,
+    list_workers,
+    mark_lost_workers,
+    register_worker,
+    stop_worker,
+)
 
 __all__ = [
     "LEASE_EXPIRED",
@@ -115,6 +123,7 @@ __all__ = [
     "session_factory",
     "set_job_status",
     "state_counts",
+    "stop_worker",
     "tuned_results",
     "tuned_shapes",
     "update_layer_study",

@@ -53,6 +53,11 @@ def test_the_readme_commands_run_on_the_cpu_backend(make_service: Callable[..., 
     (here / "search_spaces").symlink_to(REPO / "search_spaces")
     service = make_service(db_url=f"sqlite:///{tmp_path / 'autotune.db'}")
     service.start_controller(extra=["--local-worker", "--backend", "cpu"])
+    # What make run prints besides the migration lines: where the dashboard is, and the README's first command.
+    log = (tmp_path / "service0" / "controller.log").read_text()
+    assert f"dashboard: {service.url}/  (REST API docs: {service.url}/docs)\n" in log
+    (suggested,) = [line.split("autotune ", 1)[1] for line in log.splitlines() if line.startswith("next, in another")]
+    assert f".venv/bin/autotune {suggested}" in (REPO / "README.md").read_text()
     env = service.env | {"AUTOTUNE_CONTROLLER": service.url, "AUTOTUNE_TOKEN": service.token}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     timings = []

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import optuna
@@ -110,6 +111,8 @@ def serve(
     _migrate(settings)
     app: FastAPI | str = create_app(settings) if workers == 1 else _export_for_workers(settings)
     signals.stop_on_sigterm()  # uvicorn raises SIGTERM again once it has shut down: stop the local worker then
+    for line in _where_to_go(settings, local_worker=local_worker):
+        typer.echo(line, err=True)
     with _local_worker(settings, backend) if local_worker else contextlib.nullcontext():
         uvicorn.run(app, workers=workers, factory=workers > 1, **options)
 
@@ -199,6 +202,27 @@ def _local_worker(settings: Settings, backend: str | None) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()
+
+
+FIRST_JOB = "submit --hidden 256 --tp 2 --seq 256 --trials 4 --follow"
+"""The next command `serve` suggests: the README's first job, sized for the CPU backend."""
+
+
+def _where_to_go(settings: Settings, *, local_worker: bool) -> list[str]:
+    """What a newcomer needs once the migration lines have scrolled by: the dashboard's URL and the next command
+    (a first job where this controller has a worker of its own, else how to start one)."""
+    url = _url(settings)
+    command = _this_command()
+    then = f"{command} {FIRST_JOB}" if local_worker else f"{command} worker --controller {url} (on a GPU node)"
+    return [f"dashboard: {url}/  (REST API docs: {url}/docs)", f"next, in another terminal: {then}"]
+
+
+def _this_command() -> str:
+    """How this shell reached the console script: relative to the working folder (``.venv/bin/autotune``, as
+    `make run` starts it) when it lies inside it, else its name."""
+    script = Path(sys.argv[0]).resolve()  # "-c" where the CLI was started as python -c (the tests, a local worker)
+    inside = script.is_file() and script.is_relative_to(Path.cwd())
+    return str(script.relative_to(Path.cwd())) if inside else "autotune"
 
 
 def _url(settings: Settings) -> str:
