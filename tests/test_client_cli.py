@@ -6,6 +6,7 @@ are real processes.  Exit codes follow the CLI's manners: 0 success, 1 failure, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -22,6 +23,7 @@ from api.schemas import BestLayer
 from autotune import NoTunedPreset, load_ub_cfgs
 from autotune.cli.app import app
 from autotune.cli.client import SLOWER_NOTE, _slower_than_serial
+from autotune.client import ApiError
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import load_ours, parse_bridge, parse_nemo, to_te_dict
@@ -209,7 +211,7 @@ def test_an_unmeasured_shape_is_shown_as_the_nearest_preset_with_a_warning(cpu_s
 
 
 def test_an_unreachable_controller_exits_1() -> None:
-    result = CliRunner().invoke(app, ["status", "x", "--controller", "http://127.0.0.1:9"])
+    result = CliRunner().invoke(app, ["status", "0c97a863", "--controller", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot reach http://127.0.0.1:9" in result.stderr
 
@@ -357,7 +359,7 @@ def test_export_of_a_shape_never_tuned_fails_naming_the_nearest_tuned_shapes(
     refused = _cli(cpu_service, "export", *never, "--out", str(tmp_path))
     assert refused.returncode == 1, refused.stderr
     assert refused.stderr.startswith("error: shape: was never tuned; the nearest tuned here: h64_tp2_")
-    assert " on cpu (" in refused.stderr and "; ask with nearest=true" in refused.stderr
+    assert " on cpu (" in refused.stderr and "; ask for the nearest one, marked (export --nearest)" in refused.stderr
     assert list(tmp_path.iterdir()) == []
     written = _cli(cpu_service, "export", *never, "--nearest", "--out", str(tmp_path))
     assert written.returncode == 0, written.stderr
@@ -368,7 +370,7 @@ def test_export_of_a_shape_never_tuned_fails_naming_the_nearest_tuned_shapes(
     header = Path(written.stdout.strip()).read_text().splitlines()[1]
     assert header.startswith("# nearest: tuned here: cpu h64_tp2_") and header.endswith("GPU cpu, dtype bf16")
     distance = float(header.split(", ")[1].split(" doublings")[0])
-    assert 0 < distance <= 1
+    assert 0 <= distance <= 1  # 0 where another test tuned seq 64 at mbs 1: the same tokens
 
 
 def test_nearest_ranks_a_bf16_request_away_from_fp8_presets(idle_service: Service) -> None:
@@ -383,10 +385,11 @@ def test_nearest_ranks_a_bf16_request_away_from_fp8_presets(idle_service: Servic
 
 def test_submit_for_a_gpu_no_registered_worker_has_warns_at_once(cpu_service: Service) -> None:
     """A cpu job runs on the CPU worker whatever --gpu says: the warning says so instead of staying silent."""
-    submitted = _cli(cpu_service, "submit", *SHAPE_ARGS, "--backend", "cpu", "--gpu", "h200", "--layers", "qkv_fprop")
+    args = [*SHAPE_ARGS, "--seq", "96", "--backend", "cpu", "--gpu", "h200", "--layers", "qkv_fprop"]
+    submitted = _cli(cpu_service, "submit", *args)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
-    with cpu_service.client() as client:
+    with cpu_service.client() as client, contextlib.suppress(ApiError):  # it may have finished already
         client.cancel(job_id)
     assert submitted.stderr == (
         f"warning: job {job_id}: no registered worker has a GPU h200 (registered: w0 (cpu)); it runs on the cpu "
@@ -419,4 +422,19 @@ def test_best_json_leaves_the_raw_samples_out_unless_asked(cpu_service: Service,
     assert '"samples"' not in short.stdout and '"positions"' not in short.stdout
     assert '"samples"' in full.stdout and len(short.stdout) < len(full.stdout) / 2
     layer = json.loads(short.stdout)["results"][0]["layers"][0]
-    assert layer["job_id"] == finished_job and layer["measurement"]["overlap_ms"] > 0
+    assert layer["job_id"] and layer["measurement"]["overlap_ms"] > 0
+
+
+@pytest.mark.slow
+def test_a_table_into_a_closed_pipe_ends_quietly(cpu_service: Service, finished_job: str) -> None:
+    """``autotune best ... | head``, the reader gone before the table: rich's console, which prints it, ends
+    with 0 too, saying nothing (rich's own handler would exit 1)."""
+    env = {**os.environ, "AUTOTUNE_CONTROLLER": cpu_service.url, "AUTOTUNE_TOKEN": cpu_service.token}
+    with subprocess.Popen(
+        [AUTOTUNE, "best", *SHAPE_ARGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as done:
+        assert done.stdout is not None and done.stderr is not None
+        done.stdout.close()  # the table is the first thing best writes to stdout
+        stderr = done.stderr.read().decode()
+    assert done.returncode == 0, stderr
+    assert "Broken pipe" not in stderr and "Traceback" not in stderr

@@ -106,9 +106,9 @@ def _never_tuned(session: Session, query: ShapeQuery) -> str:
     """The rule of a 404 for a shape never tuned: the nearest shapes tuned here, or that none was."""
     tuned = tuned_nearby(session=session, query=query)[:NEAREST_NAMED]
     if not tuned:
-        return "was never tuned, and nothing was tuned here yet; ask with nearest=true for the nearest known preset"
+        return "was never tuned, and nothing was tuned here yet; ask for the nearest known preset (export --nearest)"
     named = "; ".join(t.text() for t in tuned)
-    return f"was never tuned; the nearest tuned here: {named}; ask with nearest=true for the nearest one, marked"
+    return f"was never tuned; the nearest tuned here: {named}; ask for the nearest one, marked (export --nearest)"
 
 
 def _marked(text: str, described: NearestPublic | None) -> str:
