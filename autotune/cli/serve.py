@@ -17,6 +17,7 @@ one per API process.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import logging
@@ -24,7 +25,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -113,8 +114,11 @@ def serve(
     signals.stop_on_sigterm()  # uvicorn raises SIGTERM again once it has shut down: stop the local worker then
     for line in _where_to_go(settings, local_worker=local_worker):
         typer.echo(line, err=True)
-    with _local_worker(settings, backend) if local_worker else contextlib.nullcontext():
-        uvicorn.run(app, workers=workers, factory=workers > 1, **options)
+    with _local_worker(settings, backend) if local_worker else contextlib.nullcontext(_nothing) as stop_worker:
+        if workers > 1:
+            uvicorn.run(app, workers=workers, factory=True, **options)
+        else:  # the local worker stops first, so it can tell the API it stopped (shown stopped, not lost)
+            _serve(_Server(uvicorn.Config(app, **options), first=stop_worker))
 
 
 def worker_app() -> FastAPI:
@@ -179,9 +183,35 @@ def _log_config(level: str) -> dict[str, Any]:
     return config
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which calls ``first`` (in a thread: the API keeps answering) before it shuts down."""
+
+    def __init__(self, config: uvicorn.Config, *, first: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._first = first
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await asyncio.to_thread(self._first)
+        await super().shutdown(sockets=sockets)
+
+
+def _serve(server: uvicorn.Server) -> None:
+    """Run ``server`` as `uvicorn.run` does: the signal it re-raises once shut down (Ctrl-C, or SIGTERM as
+    `signals` turns it into one) is a clean stop; a server that never started is a failure."""
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        raise AutotuneError("serve: the server did not start (its log above says why)")
+
+
+def _nothing() -> None:
+    """No local worker to stop."""
+
+
 @contextlib.contextmanager
-def _local_worker(settings: Settings, backend: str | None) -> Iterator[None]:
-    """A worker process for this controller, stopped with it; it waits for the controller to come up."""
+def _local_worker(settings: Settings, backend: str | None) -> Iterator[Callable[[], None]]:
+    """A worker process for this controller, stopped with it; it waits for the controller to come up.  Yields
+    a callable that stops it, so it can go while the API still answers."""
     env = dict(os.environ)
     # The environment, not argv: ps shows argv.  With a worker token the worker gets that one only: it
     # registers with it, and needs no client write.
@@ -193,15 +223,21 @@ def _local_worker(settings: Settings, backend: str | None) -> Iterator[None]:
     command = [sys.executable, "-c", _CLI_MAIN, "worker", "--controller", _url(settings), "--backend", backend or "cpu"]
     command += ["--parent-pid", str(os.getpid())]  # it stops itself should this process die without stopping it
     worker = subprocess.Popen(command, env=env)
-    try:
-        yield
-    finally:
+
+    def stop() -> None:
+        if worker.poll() is not None:
+            return
         worker.terminate()
         try:
             worker.wait(WORKER_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()
+
+    try:
+        yield stop
+    finally:
+        stop()
 
 
 FIRST_JOB = "submit --hidden 256 --tp 2 --seq 256 --trials 4 --follow"
