@@ -14,6 +14,7 @@ from autotune.tuner.gpu import GPU_MEMORY_GB, gpu_matches
 from overlap_runtime.errors import ShapeError
 from overlap_runtime.shape import ModelShape, Slot, slot_gemm
 from storage import Backend, Job, JobStatus, Worker, WorkerStatus
+from storage.models import GONE_WORKER_STATUSES
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -61,7 +62,7 @@ def fits(worker: Worker, job: Job) -> bool:
 
 def can_run(worker: Worker, job: Job) -> bool:
     """Whether ``worker`` can take ``job``'s trials now: it fits and has not gone silent."""
-    return worker.status != WorkerStatus.LOST and fits(worker, job)
+    return worker.status not in GONE_WORKER_STATUSES and fits(worker, job)
 
 
 def waiting_reason(job: Job, workers: Sequence[Worker]) -> str | None:
@@ -73,11 +74,13 @@ def waiting_reason(job: Job, workers: Sequence[Worker]) -> str | None:
     lost = [w for w in workers if fits(w, job)]
     if lost:
         last = max(lost, key=lambda w: w.last_heartbeat)
+        if last.status == WorkerStatus.STOPPED:
+            return f"the last worker that can run it ({last.name} on {last.host}) has stopped; waiting for {need}"
         return (
             f"the last worker that can run it ({last.name} on {last.host}) was lost: no heartbeat since "
             f"{last.last_heartbeat.isoformat(timespec='seconds')}; waiting for {need}"
         )
-    live = [w for w in workers if w.status != WorkerStatus.LOST]
+    live = [w for w in workers if w.status not in GONE_WORKER_STATUSES]
     return f"no registered worker can run it: it needs {need}; registered: {_fleet(live)}"
 
 

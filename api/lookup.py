@@ -9,7 +9,9 @@ with its source and distance, so a guess is never passed off as a measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
@@ -34,6 +36,7 @@ from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import Consumer, OursPreset, OursSlot, Preset, PresetRegistry, SlotResult, preset_from_results
 from search_spaces.consumers import rendered
 from search_spaces.export import consumer_choice
+from search_spaces.registry import result_distance
 from search_spaces.shape_query import FILTERS, ShapeQuery
 from search_spaces.te_dict import te_entry
 from storage import BestConfig
@@ -45,6 +48,10 @@ def measured_groups(*, session: Session, query: ShapeQuery) -> list[BestGroup]:
     rows = [r for r in rows if query.matches(ModelShape(**r.shape))]
     if query.gpu is not None:
         rows = [r for r in rows if gpu_matches(r.gpu, query.gpu)]
+    return _groups(rows)
+
+
+def _groups(rows: list[BestConfig]) -> list[BestGroup]:
     groups: dict[tuple[str, str], list[BestConfig]] = {}
     for row in rows:
         groups.setdefault((row.gpu, row.shape_key), []).append(row)
@@ -79,10 +86,44 @@ def _layer(row: BestConfig) -> BestLayer:
     )
 
 
-def nearest(*, registry: PresetRegistry, query: ShapeQuery) -> tuple[Preset, NearestPublic, list[NearestLayer]]:
-    """The nearest known preset, described, with its per-slot TE entries (and no measurement)."""
-    gpu = None if query.gpu is None else preset_gpu_name(query.gpu) or query.gpu.lower()
-    preset, distance = registry.nearest(query.shape, gpu=gpu, dtype=query.dtype)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TunedNearby:
+    """A shape tuned here, and how far it is from the one asked for (`search_spaces.registry`'s distance)."""
+
+    result: storage.TunedResult
+    distance: float
+
+    def text(self) -> str:
+        return f"{self.result.shape.key} on {self.result.gpu} ({self.distance:.3g} doublings away)"
+
+
+def tuned_nearby(*, session: Session, query: ShapeQuery) -> list[TunedNearby]:
+    """Every shape tuned here, nearest first, by the distance NVIDIA's presets are ranked by."""
+    gpu, dtype = _wanted(query)
+    found = [
+        TunedNearby(
+            result=r,
+            distance=result_distance(query.shape, r.shape, _short(r.gpu), r.dtype, gpu=gpu, dtype=dtype),
+        )
+        for r in storage.tuned_results(session=session)
+    ]
+    return sorted(found, key=lambda t: (t.distance, t.result.shape.key, t.result.gpu))
+
+
+def nearest(
+    *, registry: PresetRegistry, session: Session, query: ShapeQuery, consumer: Consumer | None = None
+) -> tuple[Preset, NearestPublic, list[NearestLayer]]:
+    """The nearest preset, described, with its per-slot TE entries (and no measurement): a shape tuned here
+    (its TE-exact winners for ``consumer``) or a known preset (NVIDIA's), whichever is nearer, a tuned one
+    at a tie.  A query without a dtype asks for the shape's default (bf16): an FP8 preset is further away."""
+    gpu, dtype = _wanted(query)
+    preset, distance = registry.nearest(query.shape, gpu=gpu, dtype=dtype)
+    for near in tuned_nearby(session=session, query=query):
+        if near.distance > distance:
+            break
+        if (made := _tuned_preset(session, near.result, consumer)) is not None:
+            preset, distance = made, near.distance
+            break
     described = NearestPublic(
         source=preset.source or "unknown",
         distance=round(distance, 4),
@@ -100,6 +141,33 @@ def nearest(*, registry: PresetRegistry, query: ShapeQuery) -> tuple[Preset, Nea
         for slot, config in preset.configs.items()
     ]
     return preset, described, layers
+
+
+def _tuned_preset(session: Session, result: storage.TunedResult, consumer: Consumer | None) -> Preset | None:
+    """The preset a tuned result exports for ``consumer``; None where its winners break TE's rules (rows
+    written by hand, not by a tuner)."""
+    rows = storage.get_best(session=session, shape=result.shape, gpu=result.gpu, dtype=result.dtype)
+    (group,) = _groups([r for r in rows if r.shape_key == result.shape.key])
+    try:
+        preset = measured_preset(group, consumer=consumer)
+    except InputError:
+        return None
+    return dataclasses.replace(preset, source=f"tuned here: {result.gpu} {result.shape.key}")
+
+
+def nearest_line(described: NearestPublic) -> str:
+    """The nearest preset in one line: its distance, GPU and dtype (the file's header, the CLI's warning)."""
+    return f"{described.source}, {described.distance:g} doublings away, GPU {described.gpu or 'any'}, dtype {described.dtype or 'unknown'}"
+
+
+def _wanted(query: ShapeQuery) -> tuple[str | None, str]:
+    """The GPU (NVIDIA's short name) and dtype a query asks for, as the distance compares them."""
+    gpu = None if query.gpu is None else _short(query.gpu)
+    return gpu, query.dtype or query.shape.dtype
+
+
+def _short(gpu: str) -> str:
+    return preset_gpu_name(gpu) or gpu.lower()
 
 
 def measured_preset(group: BestGroup, *, consumer: Consumer | None = None) -> Preset:

@@ -28,7 +28,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import storage
-from storage import Trial, WorkerStatus
+from storage import Trial
+from storage.models import GONE_WORKER_STATUSES
 
 State = TypeVar("State", bound=enum.Enum)
 
@@ -111,7 +112,7 @@ class StateCollector(Collector):
             counts.trials,
         )
         yield _gauge("autotune_workers", "Registered workers by status", "status", counts.workers)
-        alive = sum(n for status, n in counts.workers.items() if status != WorkerStatus.LOST)
+        alive = sum(n for status, n in counts.workers.items() if status not in GONE_WORKER_STATUSES)
         yield GaugeMetricFamily("autotune_workers_alive", "Workers heard from within the heartbeat timeout", alive)
 
 

@@ -11,12 +11,15 @@ is no longer its own: the same class storage raises on the controller.  Network 
 
 from __future__ import annotations
 
+import contextlib
+import re
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from api.schemas import (
     BestPublic,
@@ -34,11 +37,15 @@ from api.schemas import (
     WorkerPublic,
     WorkerRevoked,
 )
-from overlap_runtime.errors import AutotuneError, LeaseLost
+from overlap_runtime.errors import AutotuneError, InputError, LeaseLost
 from overlap_runtime.shape import ModelShape
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT_S = 30.0
+JOB_REF = re.compile(r"[0-9a-fA-F-]{1,36}")
+"""A job id or its first characters, as `resolve_job` takes them."""
+AMBIGUOUS_SHOWN = 5
+"""Jobs named when a prefix is ambiguous."""
 ENDED = ("succeeded", "failed", "cancelled")
 """The job statuses after which a job changes no more."""
 
@@ -81,6 +88,8 @@ class PresetFile:
     measured: bool
     """False: the nearest known preset, not a measurement of this shape."""
     file_name: str | None
+    nearest: str | None = None
+    """Where the nearest preset comes from, its distance, GPU and dtype (when ``measured`` is false)."""
 
 
 class Client:
@@ -134,7 +143,32 @@ class Client:
         return self._call(JobAccepted, "POST", "/v1/jobs", json=body)
 
     def job(self, job_id: str) -> JobPublic:
-        return self._call(JobPublic, "GET", f"/v1/jobs/{job_id}")
+        return self._call(JobPublic, "GET", self._job_path(job_id))
+
+    def resolve_job(self, ref: str) -> str:
+        """The id of the job whose id is ``ref``, or the one job whose id starts with it (the 8 characters the
+        dashboard and the progress lines show).  `InputError` naming job_id for anything but hex digits and
+        dashes (never spliced into a URL) or a prefix that several jobs share; `ApiError` 404 when none has it."""
+        if not JOB_REF.fullmatch(ref):
+            rule = "must be a job id or its first characters: hex digits and dashes, as submit prints it"
+            raise InputError("job_id", rule, ref)
+        with contextlib.suppress(ValueError):
+            if len(ref) in (32, 36):
+                return str(uuid.UUID(ref))
+        page = self._call(JobsPage, "GET", "/v1/jobs", params={"id_prefix": ref, "limit": AMBIGUOUS_SHOWN})
+        if page.total == 0:
+            raise ApiError(
+                httpx.codes.NOT_FOUND, [{"field": "job_id", "rule": "no job's id starts with it", "value": ref}]
+            )
+        if page.total > 1:
+            shown = ", ".join(job.id[:13] for job in page.items) + (", ..." if page.total > len(page.items) else "")
+            raise InputError(
+                "job_id", f"is ambiguous: {page.total} jobs' ids start with it ({shown}); give more of it", ref
+            )
+        return page.items[0].id
+
+    def _job_path(self, ref: str, tail: str = "") -> str:
+        return f"/v1/jobs/{self.resolve_job(ref)}{tail}"
 
     def jobs(self, *, status: str | None = None) -> list[JobSummary]:
         """``GET /v1/jobs``, every page, newest first; ``status`` keeps only the jobs in that state."""
@@ -148,7 +182,8 @@ class Client:
         return found
 
     def trials(self, job_id: str, *, limit: int = 1000, offset: int = 0) -> TrialsPage:
-        return self._call(TrialsPage, "GET", f"/v1/jobs/{job_id}/trials", params={"limit": limit, "offset": offset})
+        path = self._job_path(job_id, "/trials")
+        return self._call(TrialsPage, "GET", path, params={"limit": limit, "offset": offset})
 
     def all_trials(self, job_id: str) -> list[TrialPublic]:
         """Every trial of the job, page after page."""
@@ -161,11 +196,12 @@ class Client:
         return items
 
     def cancel(self, job_id: str) -> JobPublic:
-        return self._call(JobPublic, "POST", f"/v1/jobs/{job_id}/cancel")
+        return self._call(JobPublic, "POST", self._job_path(job_id, "/cancel"))
 
     def progress(self, job_id: str) -> Iterator[JobPublic]:
         """The job as its server-sent ``progress`` events show it, until the server ends the stream."""
-        with self._http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=httpx.Timeout(None)) as response:
+        path = self._job_path(job_id, "/events")
+        with self._http.stream("GET", path, timeout=httpx.Timeout(None)) as response:
             if response.is_error:
                 response.read()
                 raise _error(response)
@@ -194,10 +230,12 @@ class Client:
         gpu: str | None = None,
         format: str = "nemo",
         consumer: str | None = None,
+        nearest: bool = True,
     ) -> PresetFile:
         """``GET /v1/presets`` for the shape fields, as `best` takes them; ``consumer``: who runs it (the
-        format's own by default)."""
-        params = _params({**shape, "gpu": gpu, "format": format, "consumer": consumer})
+        format's own by default); ``nearest``: for a shape never tuned, the nearest preset (marked) rather
+        than an `ApiError` 404 naming the nearest tuned shapes."""
+        params = _params({**shape, "gpu": gpu, "format": format, "consumer": consumer, "nearest": nearest})
         response = self._send("GET", "/v1/presets", params=params)
         disposition = response.headers.get("content-disposition", "")
         name = disposition.split('filename="', 1)[1].rstrip('"') if 'filename="' in disposition else None
@@ -205,6 +243,7 @@ class Client:
             text=response.text,
             measured=response.headers.get("x-autotune-measured", "true") == "true",
             file_name=name,
+            nearest=response.headers.get("x-autotune-nearest"),
         )
 
     def workers(self) -> list[WorkerPublic]:
@@ -232,6 +271,11 @@ class Client:
 
     def heartbeat(self, worker: WorkerCreated) -> WorkerPublic:
         return self._call(WorkerPublic, "POST", f"/v1/workers/{worker.id}/heartbeat", headers=_as(worker))
+
+    def stopped(self, worker: WorkerCreated, *, timeout_s: float) -> WorkerPublic:
+        """Tell the controller this worker stops cleanly (shown as stopped, not lost)."""
+        path = f"/v1/workers/{worker.id}/stop"
+        return self._call(WorkerPublic, "POST", path, headers=_as(worker), timeout=httpx.Timeout(timeout_s))
 
     def claim(self, worker: WorkerCreated) -> ClaimPublic | None:
         """A leased trial, or None when there is nothing this worker can run now."""
@@ -266,10 +310,16 @@ class Client:
     # -- plumbing -----------------------------------------------------------------------------------
 
     def _call(self, model: type[Answer], method: str, path: str, **kwargs: Any) -> Answer:
-        return model.model_validate_json(self._send(method, path, **kwargs).content)
+        response = self._send(method, path, **kwargs)
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError:
+            raise _not_a_controller(response) from None
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)
+        if response.is_client_error and not _is_json(response):  # ours answers every 4xx in JSON
+            raise _not_a_controller(response)
         if response.is_error:
             raise _error(response)
         return response
@@ -285,6 +335,20 @@ def _as(worker: WorkerCreated, claim: ClaimPublic | None = None) -> dict[str, st
 
 def _params(query: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in query.items() if v is not None}
+
+
+def _is_json(response: httpx.Response) -> bool:
+    return response.headers.get("content-type", "").split(";")[0].strip() == "application/json"
+
+
+def _not_a_controller(response: httpx.Response) -> InputError:
+    """The answer of some other HTTP service (a web page, another API) where the controller was expected:
+    the ``--controller`` URL is wrong, which its raw answer would not say."""
+    request = response.request
+    kind = response.headers.get("content-type", "no content type").split(";")[0]
+    url = f"{request.url.scheme}://{request.url.netloc.decode()}"
+    rule = f"is not an autotune controller: {request.method} {request.url.path} answered HTTP {response.status_code} ({kind})"
+    return InputError("controller", rule, url)
 
 
 def _error(response: httpx.Response) -> AutotuneError:

@@ -9,13 +9,15 @@ died are measured first.  The winners go to the service's best-config table, the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Protocol
 
+import optuna as optuna_lib
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from sqlalchemy import Engine
@@ -23,9 +25,9 @@ from sqlalchemy import Engine
 from autotune.tuner.gpu import device_gpu_name, preset_gpu_name, results_gpu
 from autotune.tuner.outcome import SlotOutcome
 from autotune.tuner.proposal import Proposal, Purpose
-from autotune.tuner.studies import SlotStudy
-from overlap_runtime.config import NO_OVERLAP, OverlapConfig
-from overlap_runtime.errors import ConfigError, TrialFailure
+from autotune.tuner.studies import SlotStudy, study_name
+from overlap_runtime.config import NO_OVERLAP, OverlapConfig, check_backend_size
+from overlap_runtime.errors import ConfigError, InputError, TrialFailure
 from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.runtime import open_runtime
 from overlap_runtime.shape import ModelShape, Slot
@@ -98,6 +100,8 @@ class TuneRequest:
     seed: int | None = None
     consumer: Consumer | None = None
     """Who runs the presets; None: each format's own (`search_spaces.formats.PresetFormat.consumer`)."""
+    fresh: bool = False
+    """Delete the slots' studies of an earlier run (finished or not) first, so every slot is measured anew."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +115,8 @@ class TuneReport:
     files: tuple[Path, ...]
     choice: ConsumerChoice | None = None
     """The joint choice of the consumer asked for (else of the NeMo YAML's, megatron); None with no winner."""
+    reused: tuple[Slot, ...] = ()
+    """Slots whose study an earlier run had finished: their results are read back, nothing is measured."""
 
     @property
     def ok(self) -> bool:
@@ -121,13 +127,19 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     """Tune every requested slot; bad input (shape, layers, backend) raises `InputError` before anything runs."""
     shape = request.shape
     slots = tunable_slots(shape, request.layers)
+    check_backend_size(shape, request.backend)
+    engine = create_engine_for(url=request.db)  # a --db in a missing folder is an InputError before anything runs
+    _make_out(request.out)
     with open_runtime(tp=shape.tp, backend=request.backend) as runtime:
         for slot in slots:  # the runtime's shape rules (tp, dtype) as an InputError now, not as failed trials
             runtime.check(shape, slot, NO_OVERLAP)
         gpu = results_gpu(request.gpu or device_gpu_name(backend=request.backend), request.backend)
-        engine = create_engine_for(url=request.db)
         upgrade(engine=engine)
         optuna = optuna_storage(engine)
+        if request.fresh:
+            for slot in slots:
+                with suppress(KeyError):  # no earlier study
+                    optuna_lib.delete_study(study_name=study_name(gpu=gpu, shape=shape, slot=slot), storage=optuna)
         with session_factory(engine=engine)() as session:
             studies = {
                 slot: open_study(
@@ -143,6 +155,7 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
                 )
                 for slot in slots
             }
+        reused = tuple(slot for slot, study in studies.items() if study.progress().phase == "finished")
         with _progress(console) as bars:
             for slot, study in studies.items():
                 task = bars.add_task(slot.value, total=request.n_trials + 1)
@@ -162,7 +175,20 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
         choice = consumer_choice(results, request.consumer or Consumer.MEGATRON)
         _record_best(engine=engine, gpu=gpu, shape=shape, outcomes=decided)
     engine.dispose()
-    return TuneReport(shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files, choice=choice)
+    return TuneReport(
+        shape=shape, gpu=gpu, outcomes=outcomes, reasons=reasons, files=files, choice=choice, reused=reused
+    )
+
+
+def _make_out(out: Path) -> None:
+    """Create ``out`` (the presets' folder) now, and check it takes files: a tune of minutes must not end
+    in a folder it cannot write."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError("out", f"cannot be made a folder: {e.strerror or e}", str(out)) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise InputError("out", "is a folder this user cannot write", str(out))
 
 
 @contextmanager
@@ -183,7 +209,6 @@ def _write_presets(
 ) -> tuple[Path, ...]:
     """Each of `TUNE_FORMATS` into ``request.out``: the TE formats with the TE-exact winners chosen for the
     consumer asked for (else the format's own), ours with the overall winners."""
-    request.out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in TUNE_FORMATS:
         fmt = FORMATS[name]

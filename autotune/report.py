@@ -10,6 +10,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from autotune.local import TuneReport
+from autotune.tuner.gpu import CPU
 from autotune.tuner.outcome import SlotOutcome
 from search_spaces.consumers import ConsumerChoice, describe, switch_lines
 from search_spaces.export import ALTERNATIVES_SHOWN
@@ -31,6 +32,18 @@ COLUMNS = (
 the slot's TE-exact winner (what the NeMo YAML and TE dict carry), "=" when it is the winner itself."""
 
 
+CPU_NOTE = (
+    "note: measured on the CPU backend (gloo between CPU processes): these times show that the service works, "
+    "not what a GPU gains, so the share hidden is not shown (n/a); tune on GPUs for numbers to use"
+)
+"""Beside every table of CPU-backend results (`tune`, `best`; the dashboard says the same)."""
+
+
+def hidden_text(hidden_frac: float | None, *, on_cpu: bool) -> str:
+    """The share hidden as the tables show it: n/a on the CPU backend (`CPU_NOTE`) or where none was measured."""
+    return "n/a" if on_cpu or hidden_frac is None else f"{100 * hidden_frac:.0f}%"
+
+
 def outcome_table(report: TuneReport) -> Table:
     table = Table(title=f"{report.shape.label()} {report.shape.dtype} on {report.gpu}")
     for name in COLUMNS:
@@ -39,11 +52,11 @@ def outcome_table(report: TuneReport) -> Table:
         if outcome is None:
             table.add_row(slot.value, "[red]failed[/red]", report.reasons[slot], *[""] * (len(COLUMNS) - 3))
         else:
-            table.add_row(slot.value, *_cells(outcome))
+            table.add_row(slot.value, *_cells(outcome, on_cpu=report.gpu == CPU))
     return table
 
 
-def _cells(outcome: SlotOutcome) -> list[str]:
+def _cells(outcome: SlotOutcome, *, on_cpu: bool) -> list[str]:
     m = outcome.best_measurement
     knobs = {k: v for k, v in outcome.best.to_dict().items() if k != "method"}
     return [
@@ -51,7 +64,7 @@ def _cells(outcome: SlotOutcome) -> list[str]:
         " ".join(f"{k}={v}" for k, v in knobs.items()) or "-",
         f"{m.overlap_ms:.4g}",
         f"{m.exposed_ms:.4g}",
-        f"{100 * m.hidden_frac:.0f}%",
+        hidden_text(m.hidden_frac, on_cpu=on_cpu),
         _gain(outcome.gain_vs_te_default),
         _gain(outcome.gain_vs_serial),
         f"{100 * outcome.spread:.1f}%",

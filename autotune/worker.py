@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 10.0
 RELEASE_TIMEOUT_S = 5.0
 """How long a stopping worker waits on the controller to take its trial back: a batch system kills it soon."""
+STOP_NOTICE_TIMEOUT_S = 2.0
+"""How long a stopping worker waits to tell the controller so: a controller that is gone must not hold it up."""
 IDLE_BACKOFF = 8.0
 """An idle worker's pause grows from ``poll_s`` to this many times it: 64 idle workers polling every second
 cost one controller more than the trials did (bench/fleet_scale.py), and one with work claims again at once."""
@@ -131,6 +133,16 @@ class WorkerLoop:
             self.stop.set()
             if self._runtime is not None:
                 self._runtime.close()
+            self._say_stopped()
+
+    def _say_stopped(self) -> None:
+        """Tell the controller it stops (the dashboard then shows it stopped, not lost), if it can at once."""
+        if self.worker is None:
+            return
+        try:
+            self.client.stopped(self.worker, timeout_s=STOP_NOTICE_TIMEOUT_S)
+        except (ApiError, httpx.TransportError) as e:  # unreachable or forgot it: it shows as lost, as before
+            log.warning("could not tell the controller this worker stops: %s", e)
 
     def _done(self) -> bool:
         """Whether an idle worker has done what it was started for (``exit_when_idle_s``, ``max_jobs``)."""

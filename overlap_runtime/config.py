@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from overlap_runtime.errors import ConfigError
+from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.knobs import (
     BACKENDS,
     BY_NAME,
@@ -25,6 +25,7 @@ from overlap_runtime.knobs import (
     MAX_STREAMS,
     TE,
     TE_MAX_SMS,
+    Backend,
     Kind,
     Knob,
     Method,
@@ -159,6 +160,31 @@ def uses_rs_dgrad(slot: Slot, method: Method) -> bool:
 def problem(shape: ModelShape, slot: Slot, method: Method) -> SlotGemm:
     """The GEMM + collective that ``method`` runs for ``slot``."""
     return slot_gemm(shape, Slot(slot), rs_dgrad=uses_rs_dgrad(Slot(slot), Method(method)))
+
+
+CPU_MAX_GEMM_MACS = 1 << 31
+"""The CPU backend's size limit: the largest per-rank GEMM of a shape's slots, in multiply-adds.  gloo and
+the CPU's GEMMs take about a second per measurement there (h1024 tp2 seq1024, at the limit, on two cores),
+and a tune measures a few hundred; twice the width and the tokens (h2048 seq2048) takes seven, h4096 seq4096
+over a minute.  docs/measurement.md, The CPU backend."""
+
+
+def check_backend_size(shape: ModelShape, backend: str) -> None:
+    """Raise `ShapeError` naming the limit when ``backend`` is cpu and ``shape`` is larger than it measures in
+    reasonable time (`CPU_MAX_GEMM_MACS`), before any process starts."""
+    if backend != Backend.CPU:
+        return
+    largest = max((slot_gemm(shape, slot) for slot in Slot), key=lambda g: g.m * g.n * g.k)
+    macs = largest.m * largest.n * largest.k
+    if macs > CPU_MAX_GEMM_MACS:
+        raise ShapeError(
+            "shape",
+            f"is too large for the CPU backend: its largest GEMM per rank ({largest.slot.value}, "
+            f"{largest.m}x{largest.n}x{largest.k}) is {macs / 2**30:.3g} Gi multiply-adds, and the CPU backend "
+            f"measures at most {CPU_MAX_GEMM_MACS // 2**30} Gi (h1024 tp2 seq1024); tune a smaller shape on the "
+            "CPU, or this one on a GPU worker (--backend cuda)",
+            shape.key,
+        )
 
 
 def check_config(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from overlap_runtime.config import DeviceLimits, OverlapConfig, check_config, problem
+from overlap_runtime.config import DeviceLimits, OverlapConfig, check_backend_size, check_config, problem
 from overlap_runtime.errors import ConfigError, ShapeError
 from overlap_runtime.group import TPGroup
 from overlap_runtime.knobs import BACKENDS, RUNTIME_BACKENDS, TE
@@ -74,6 +74,7 @@ class Runtime:
         """Raise unless this runtime can measure ``config`` for ``slot`` of ``shape``."""
         if shape.tp != self.tp:
             raise ShapeError("tp", f"this runtime's TP group has {self.tp} ranks", shape.tp)
+        check_backend_size(shape, self.backend)
         if self.backend == TE and shape.dtype != "bf16":
             raise ShapeError("dtype", "the te backend measures TE's bf16 GEMMs only (no FP8 recipe yet)", shape.dtype)
         misfit = fp8_misfit(problem(shape, Slot(slot), config.method))

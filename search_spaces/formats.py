@@ -135,6 +135,15 @@ def read_file(path: str | Path, *, name: str | None = None) -> Preset | OursPres
     (`parse_te_json`) or our format, anything else NeMo YAML or our format (which says so in
     its ``format`` key)."""
     path = Path(path)
+    if name is not None and path.suffix != ".py":
+        raise PresetError("preset", f"picks one of the presets a .py module defines; {path.name} is not one", name)
+    try:
+        return _read_file(path, name=name)
+    except RecursionError:  # the parsers recurse per level: a preset is a few levels deep, never hundreds
+        raise PresetError("file", "nests too deeply to be a preset (one is a few levels deep)", path.name) from None
+
+
+def _read_file(path: Path, *, name: str | None) -> Preset | OursPreset:
     if path.suffix == ".py":
         return read_bridge(path, name=name)
     text = read_text(path)

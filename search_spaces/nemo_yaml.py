@@ -56,8 +56,11 @@ def read_nemo(path: str | Path) -> Preset:
 
 def read_text(path: Path) -> str:
     """A preset file's text: at most `MAX_PRESET_BYTES` of UTF-8 (a preset is a few hundred bytes)."""
-    with path.open("rb") as f:
-        data = f.read(MAX_PRESET_BYTES + 1)  # never more
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_PRESET_BYTES + 1)  # never more
+    except OSError as e:  # a read error (/proc/self/mem) carries no file name of its own: give it one
+        raise OSError(e.errno, e.strerror, str(path)) from None
     if len(data) > MAX_PRESET_BYTES:
         raise PresetError("file", f"must be at most {MAX_PRESET_BYTES} bytes (1 MiB); this one is larger", path.name)
     try:

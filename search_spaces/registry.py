@@ -61,11 +61,25 @@ def distance(shape: ModelShape, preset: Preset, *, gpu: str | None = None, dtype
     """How far ``preset`` is from ``shape`` (module docstring); inf for a preset without a shape."""
     if preset.shape is None:
         return math.inf
-    d = shape_distance(shape, preset.shape)
-    if gpu is not None and preset.gpu != gpu.lower():
+    return result_distance(shape, preset.shape, preset.gpu, preset.dtype, gpu=gpu, dtype=dtype)
+
+
+def result_distance(
+    shape: ModelShape,
+    other: ModelShape,
+    other_gpu: str | None,
+    other_dtype: str | None,
+    *,
+    gpu: str | None = None,
+    dtype: str | None = None,
+) -> float:
+    """How far a preset or a tuned result for ``other`` on ``other_gpu`` (NVIDIA's short name, lower case)
+    in ``other_dtype`` is from ``shape`` asked for on ``gpu`` in ``dtype`` (module docstring)."""
+    d = shape_distance(shape, other)
+    if gpu is not None and other_gpu != gpu.lower():
         d += GPU_MISMATCH
-    if dtype is not None and preset.dtype != dtype:
-        d += DTYPE_UNKNOWN if preset.dtype is None else DTYPE_MISMATCH
+    if dtype is not None and other_dtype != dtype:
+        d += DTYPE_UNKNOWN if other_dtype is None else DTYPE_MISMATCH
     return d
 
 

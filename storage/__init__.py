@@ -13,7 +13,7 @@ Typical start-up::
         job = create_job(session=session, shape=shape, layers=["qkv_fprop"], n_trials=20, backend=Backend.CUDA)
 """
 
-from storage.best import get_best, list_winners, tuned_shapes, upsert_best
+from storage.best import TunedResult, get_best, list_winners, tuned_results, tuned_shapes, upsert_best
 from storage.counts import StateCounts, state_counts
 from storage.engine import create_engine_for, default_sqlite_path, session_factory
 from storage.enrolments import issue_enrolment, use_enrolment
@@ -53,7 +53,15 @@ from storage.trials import (
     seen_gemm_ms,
 )
 from storage.tuning import open_study, optuna_storage, record_winner
-from storage.workers import authenticate_worker, get_worker, heartbeat, list_workers, mark_lost_workers, register_worker
+from storage.workers import (
+    authenticate_worker,
+    get_worker,
+    heartbeat,
+    list_workers,
+    mark_lost_workers,
+    register_worker,
+    stop_worker,
+)
 
 __all__ = [
     "LEASE_EXPIRED",
@@ -76,6 +84,7 @@ __all__ = [
     "StorageError",
     "Trial",
     "TrialState",
+    "TunedResult",
     "Worker",
     "WorkerStatus",
     "acquire_leadership",
@@ -123,6 +132,8 @@ __all__ = [
     "session_factory",
     "set_job_status",
     "state_counts",
+    "stop_worker",
+    "tuned_results",
     "tuned_shapes",
     "update_layer_study",
     "upgrade",

@@ -12,6 +12,7 @@ same key (a newer job re-measured on the same GPU model is the better-informed a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -123,5 +124,24 @@ def list_winners(*, session: Session, gpu: str, slot: str, tp: int, dtype: str) 
 def tuned_shapes(*, session: Session) -> list[ModelShape]:
     """Every shape with stored winners, once each (in shape key order): what a lookup that found nothing can
     name as the nearest tuned shape."""
-    rows = session.execute(select(BestConfig.shape_key, BestConfig.shape).order_by(BestConfig.shape_key))
-    return [ModelShape(**shape) for shape in {key: shape for key, shape in rows}.values()]
+    return list({result.shape.key: result.shape for result in tuned_results(session=session)}.values())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TunedResult:
+    """One shape tuned on one GPU model: the stored winners' shape, GPU model (as NVML names it) and dtype."""
+
+    shape: ModelShape
+    gpu: str
+    dtype: str
+
+
+@wraps_driver_errors
+def tuned_results(*, session: Session) -> list[TunedResult]:
+    """Every (shape, GPU model) with stored winners, once each, in shape key then GPU order."""
+    stmt = select(BestConfig.shape_key, BestConfig.gpu, BestConfig.shape, BestConfig.dtype)
+    rows = session.execute(stmt.order_by(BestConfig.shape_key, BestConfig.gpu))  # a row per slot: one result each
+    found = {
+        (key, gpu): TunedResult(shape=ModelShape(**shape), gpu=gpu, dtype=dtype) for key, gpu, shape, dtype in rows
+    }
+    return list(found.values())

@@ -46,11 +46,17 @@ def default_sqlite_path() -> Path:
 def create_engine_for(*, url: str | None = None) -> Engine:
     """An engine for ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://...``); None means the default SQLite file.
 
-    The SQLite file's folder is created if missing (default path or not), so a first run just works.
+    The default SQLite file's folder is created if missing, so a first run just works; a URL given names a
+    file in a folder that exists (`InputError` naming db_url otherwise: a missing folder is more often a
+    typo than a wish, and creating it would hide the typo).
     """
     parsed = _parse_url(url or f"sqlite:///{default_sqlite_path()}")
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
+            folder = Path(parsed.database).parent
+            if url is not None and not folder.is_dir():
+                rule = f"must name a file in an existing folder, but {folder} does not exist"
+                raise InputError("db_url", f"{rule} (only the default database's folder is created)", url)
             try:
                 _create_private(Path(parsed.database))
             except OSError as e:  # a read-only file system, a folder we may not write: say it is the database

@@ -76,11 +76,16 @@ def get_job(*, session: Session, job_id: str) -> Job:
 
 
 @wraps_driver_errors
-def list_jobs(*, session: Session, limit: int = 50, offset: int = 0, status: JobStatus | None = None) -> Page[Job]:
-    """Newest first, so the first page is what a dashboard wants to show."""
+def list_jobs(
+    *, session: Session, limit: int = 50, offset: int = 0, status: JobStatus | None = None, id_prefix: str | None = None
+) -> Page[Job]:
+    """Newest first, so the first page is what a dashboard wants to show; ``id_prefix`` keeps the jobs whose
+    id starts with it (the 8 characters the dashboard shows, say)."""
     stmt = select(Job).order_by(Job.created_at.desc(), Job.id.desc())
     if status is not None:
         stmt = stmt.where(Job.status == status)
+    if id_prefix is not None:
+        stmt = stmt.where(Job.id.startswith(id_prefix.lower(), autoescape=True))
     return paginate(session=session, stmt=stmt, limit=limit, offset=offset)
 
 

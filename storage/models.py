@@ -74,11 +74,17 @@ class TrialState(enum.StrEnum):
 
 
 class WorkerStatus(enum.StrEnum):
-    """Busy while it holds a claimed trial; lost when its heartbeats stopped (it comes back on the next one)."""
+    """Busy while it holds a claimed trial; lost when its heartbeats stopped, stopped when it said it stops
+    (Ctrl-C, SIGTERM, ``--exit-when-idle``); either comes back on its next heartbeat."""
 
     IDLE = "idle"
     BUSY = "busy"
     LOST = "lost"
+    STOPPED = "stopped"
+
+
+GONE_WORKER_STATUSES = (WorkerStatus.LOST, WorkerStatus.STOPPED)
+"""Workers that run nothing until they speak again."""
 
 
 def _enum(cls: type[enum.StrEnum]) -> Enum:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from storage import secrets
 from storage.errors import NotFound, wraps_driver_errors
-from storage.models import Backend, Worker, WorkerStatus, utcnow
+from storage.models import GONE_WORKER_STATUSES, Backend, Worker, WorkerStatus, utcnow
 
 
 @wraps_driver_errors
@@ -75,13 +75,23 @@ def authenticate_worker(*, session: Session, worker_id: str, secret: str) -> boo
 
 @wraps_driver_errors
 def heartbeat(*, session: Session, worker_id: str, now: datetime | None = None) -> Worker:
-    """Record that the worker is alive; a worker marked lost that speaks again comes back as idle."""
-    now = now or utcnow()
-    status = case((Worker.status == WorkerStatus.LOST, WorkerStatus.IDLE), else_=Worker.status)
+    """Record that the worker is alive; a worker marked lost or stopped that speaks again comes back as idle."""
+    status = case((Worker.status.in_(GONE_WORKER_STATUSES), WorkerStatus.IDLE), else_=Worker.status)
+    return _heard_from(session=session, worker_id=worker_id, status=status, now=now)
+
+
+@wraps_driver_errors
+def stop_worker(*, session: Session, worker_id: str, now: datetime | None = None) -> Worker:
+    """Record that the worker stopped cleanly: shown as stopped, never as lost (its heartbeats end on purpose)."""
+    return _heard_from(session=session, worker_id=worker_id, status=WorkerStatus.STOPPED, now=now)
+
+
+def _heard_from(*, session: Session, worker_id: str, status: Any, now: datetime | None) -> Worker:
+    """Set the worker's status (a value or a SQL expression) and its last word's time; `NotFound` if unknown."""
     stmt = (
         update(Worker)
         .where(Worker.id == worker_id)
-        .values(last_heartbeat=now, status=status)
+        .values(last_heartbeat=now or utcnow(), status=status)
         .returning(Worker)
         .execution_options(populate_existing=True)
     )
@@ -107,7 +117,7 @@ def mark_lost_workers(*, session: Session, timeout: timedelta, now: datetime | N
     now = now or utcnow()
     stmt = (
         update(Worker)
-        .where(Worker.status != WorkerStatus.LOST, Worker.last_heartbeat < now - timeout)
+        .where(Worker.status.not_in(GONE_WORKER_STATUSES), Worker.last_heartbeat < now - timeout)
         .values(status=WorkerStatus.LOST)
         .returning(Worker)
         .execution_options(populate_existing=True)

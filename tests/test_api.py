@@ -526,3 +526,19 @@ def test_a_consumers_winner_comes_with_its_switches_in_best_presets_and_the_job_
     assert job["consumer"] == "bridge" and job["consumer_choice"] is None  # nothing decided yet
     refused = http.post("/v1/jobs", json={"shape": {"hidden": 64, "tp": 2, "seq": 1024}, "consumer": "nemo"})
     assert refused.status_code == 422 and errors_of(refused)[0]["field"] == "consumer"
+
+
+def test_a_cpu_job_past_the_cpu_backends_size_limit_is_refused_naming_it(http: httpx.Client) -> None:
+    """A cuda job of that size is accepted: a GPU worker can take it."""
+    large = {"hidden": 8192, "tp": 2, "seq": 8192}
+    refused = http.post("/v1/jobs", json={"shape": large, "backend": "cpu"})
+    assert refused.status_code == 422, refused.text
+    (item,) = errors_of(refused)
+    assert item["field"] == "shape" and item["rule"].startswith("is too large for the CPU backend: its largest GEMM")
+    assert "at most 2 Gi (h1024 tp2 seq1024)" in item["rule"] and "GPU worker (--backend cuda)" in item["rule"]
+    accepted = http.post("/v1/jobs", json={"shape": large, "backend": "cuda"})
+    assert accepted.status_code == 202, accepted.text
+    http.post(f"/v1/jobs/{accepted.json()['id']}/cancel")
+    at_the_limit = http.post("/v1/jobs", json={"shape": {"hidden": 1024, "tp": 2, "seq": 1024}, "backend": "cpu"})
+    assert at_the_limit.status_code == 202, at_the_limit.text
+    http.post(f"/v1/jobs/{at_the_limit.json()['id']}/cancel")

@@ -7,10 +7,13 @@ the flags to the exit status (a traceback would show on stderr and end in exit 1
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,145 @@ def test_a_read_only_file_system_at_start_exits_1_with_the_reason(tmp_path: Path
     assert (
         done.stderr == f"error: database: cannot create the SQLite file {folder}/autotune.db: Read-only file system\n"
     )
+
+
+PRESET = Path(__file__).parents[1] / "search_spaces" / "nvidia_presets" / "launcher"
+LLAMA3_70B = PRESET / "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192.yaml"
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("deep.json", "[" * 100_000),
+        ("deep.yaml", "a: " + "[" * 100_000),
+        ("deep_map.yaml", "".join(" " * i + "b:\n" for i in range(1400))),
+    ],
+)
+def test_a_deeply_nested_preset_exits_2_naming_the_file(name: str, text: str, tmp_path: Path) -> None:
+    (tmp_path / name).write_text(text)
+    done = autotune("preset", "validate", str(tmp_path / name), tmp=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"error: file: nests too deeply to be a preset (one is a few levels deep) (got {name!r})\n"
+
+
+def test_preset_names_a_preset_of_a_module_only(tmp_path: Path) -> None:
+    done = autotune("preset", "validate", str(LLAMA3_70B), "--preset", "nosuch", tmp=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"error: preset: picks one of the presets a .py module defines; {LLAMA3_70B.name} is not one (got 'nosuch')\n"
+    )
+
+
+def test_a_file_that_cannot_be_read_exits_1_naming_it(tmp_path: Path) -> None:
+    done = autotune("preset", "validate", "/proc/self/mem", tmp=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "error: file: /proc/self/mem: Input/output error\n"
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``| head``: the reader closes the pipe before the command has written everything."""
+    command = [AUTOTUNE, "preset", "validate", str(LLAMA3_70B), "--for", "megatron"]
+    with subprocess.Popen(command, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE) as done:
+        assert done.stdout is not None and done.stderr is not None
+        done.stdout.close()  # before it writes a byte
+        stderr = done.stderr.read().decode()
+    assert done.returncode == 0, stderr
+    assert stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["serve", "--no-auth", "--log-level", "chatty"],
+            "error: log_level: must be one of debug, info, warning, error (got 'chatty')\n",
+        ),
+        (
+            ["worker", "--controller", "http://127.0.0.1:1", "--log-level", "chatty"],
+            "error: log_level: must be one of ",
+        ),
+        (
+            ["status", "0c97a863", "--controller", "http://127.0.0.1:99999"],
+            "error: controller: port must be 1 to 65535 (got 'http://127.0.0.1:99999')\n",
+        ),
+        (
+            ["tune", "--hidden", "8192", "--tp", "2", "--seq", "8192", "--backend", "cpu"],
+            "error: shape: is too large for the CPU backend: its largest GEMM per rank (fc1_fprop, 8192x16384x8192) ",
+        ),
+        (
+            [
+                *[
+                    "measure",
+                    "--layer",
+                    "qkv_fprop",
+                    "--method",
+                    "ring_exchange",
+                    "--hidden",
+                    "8192",
+                    "--tp",
+                    "2",
+                    "--seq",
+                    "8192",
+                    "--backend",
+                    "cpu",
+                ]
+            ],
+            "error: shape: is too large for the CPU backend: ",
+        ),
+        (
+            ["tune", *SHAPE, "--backend", "cpu", "--out", "/proc/x/y"],
+            "error: out: cannot be made a folder: No such file or directory (got '/proc/x/y')\n",
+        ),
+    ],
+)
+def test_a_bad_flag_exits_2_with_one_line_naming_it(args: list[str], message: str, tmp_path: Path) -> None:
+    done = autotune(*args, tmp=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_tune_into_a_database_in_a_missing_folder_exits_2_and_creates_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/missing/dir/x.db"
+    done = autotune("tune", *SHAPE, "--backend", "cpu", "--out", str(tmp_path / "out"), "--db", url, tmp=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"error: db_url: must name a file in an existing folder, but {tmp_path}/missing/dir does not exist "
+        f"(only the default database's folder is created) (got {url!r})\n"
+    )
+    assert not (tmp_path / "missing").exists()
+
+
+def test_serve_on_a_port_in_use_exits_1_before_touching_the_database(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        db = tmp_path / "autotune.db"
+        done = autotune("serve", "--no-auth", "--port", str(port), "--db", f"sqlite:///{db}", tmp=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"error: port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert not db.exists()  # no migration ran, no scheduler role was taken
+
+
+class _WebPage(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"<html><body>Error 404: not here</body></html>"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_controller_url_of_another_http_service_exits_2_saying_so(tmp_path: Path) -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WebPage) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        done = autotune("status", "0c97a863", "--no-follow", "--controller", url, tmp=tmp_path)
+        other.shutdown()
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: controller: is not an autotune controller: GET /v1/jobs")
+    assert done.stderr.endswith(f" answered HTTP 404 (text/html) (got {url!r})\n") and "<html>" not in done.stderr

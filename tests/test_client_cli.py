@@ -6,6 +6,7 @@ are real processes.  Exit codes follow the CLI's manners: 0 success, 1 failure, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -21,17 +23,19 @@ from api.schemas import BestLayer
 from autotune import NoTunedPreset, load_ub_cfgs
 from autotune.cli.app import app
 from autotune.cli.client import SLOWER_NOTE, _slower_than_serial
+from autotune.client import ApiError
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import load_ours, parse_bridge, parse_nemo, to_te_dict
 from search_spaces.export import NO_TE_EXACT
+from search_spaces.registry import DTYPE_MISMATCH
 from search_spaces.te_exact import is_te_exact
 
 if TYPE_CHECKING:
     from click.testing import Result
     from conftest_service import Service
 
-pytest_plugins = ("conftest_service",)  # cpu_service
+pytest_plugins = ("conftest_service",)  # cpu_service, idle_service
 
 SHAPE_ARGS = ["--hidden", "64", "--tp", "2", "--seq", "32"]
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
@@ -207,19 +211,19 @@ def test_an_unmeasured_shape_is_shown_as_the_nearest_preset_with_a_warning(cpu_s
 
 
 def test_an_unreachable_controller_exits_1() -> None:
-    result = CliRunner().invoke(app, ["status", "x", "--controller", "http://127.0.0.1:9"])
+    result = CliRunner().invoke(app, ["status", "0c97a863", "--controller", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot reach http://127.0.0.1:9" in result.stderr
 
 
 UNMEASURED = ["--hidden", "8192", "--tp", "8", "--seq", "2048", "--mbs", "4"]
-"""A shape nothing was tuned for: export writes the nearest NVIDIA preset, without any trial run."""
+"""A shape nothing was tuned for: export --nearest writes the nearest NVIDIA preset, without any trial run."""
 
 
 @pytest.mark.parametrize("out", ["presets/", "presets"])
 def test_export_into_a_folder_that_does_not_exist_creates_it(cpu_service: Service, tmp_path: Path, out: str) -> None:
     folder = tmp_path / "presets"
-    exported = run(cpu_service, "export", *UNMEASURED, "--out", f"{tmp_path}/{out}")
+    exported = run(cpu_service, "export", *UNMEASURED, "--nearest", "--out", f"{tmp_path}/{out}")
     assert exported.exit_code == 0, exported.output
     path = Path(exported.stdout.strip())
     assert folder.is_dir() and path.parent == folder
@@ -228,8 +232,8 @@ def test_export_into_a_folder_that_does_not_exist_creates_it(cpu_service: Servic
 
 
 def test_export_te_into_a_folder_writes_nvidia_file_name_as_json(cpu_service: Service, tmp_path: Path) -> None:
-    nemo = Path(run(cpu_service, "export", *UNMEASURED, "--out", str(tmp_path)).stdout.strip())
-    te = run(cpu_service, "export", *UNMEASURED, "--format", "te", "--out", str(tmp_path))
+    nemo = Path(run(cpu_service, "export", *UNMEASURED, "--nearest", "--out", str(tmp_path)).stdout.strip())
+    te = run(cpu_service, "export", *UNMEASURED, "--nearest", "--format", "te", "--out", str(tmp_path))
     assert te.exit_code == 0, te.output
     path = Path(te.stdout.strip())
     preset = parse_nemo(nemo.read_text(), name=nemo.name)
@@ -253,7 +257,7 @@ def test_export_to_a_path_that_cannot_be_written_exits_2_naming_out(
     """The missing folders are under this test's own tmp_path: a machine-wide path such as /nonexistent (the
     home of Debian's `nobody` and `_apt`) is absent only until something on the machine creates it, and then
     export wrote into it and exited 0.  /proc/version refuses a write even from root (EIO)."""
-    exported = run(cpu_service, "export", *UNMEASURED, "--out", out.format(tmp=tmp_path))
+    exported = run(cpu_service, "export", *UNMEASURED, "--nearest", "--out", out.format(tmp=tmp_path))
     assert exported.exit_code == 2, exported.output
     assert rule.format(tmp=tmp_path) in exported.stderr and "Traceback" not in exported.output
 
@@ -342,3 +346,100 @@ def test_a_winner_slower_than_its_serial_time_gets_the_note_unless_it_is_none() 
     assert _slower_than_serial(layer("ring_exchange", 1.2)) == SLOWER_NOTE
     assert _slower_than_serial(layer("ring_exchange", 0.8)) is None
     assert _slower_than_serial(layer("none", 1.2)) is None
+
+
+def _cli(service: Service, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script as a user runs it, against ``service``."""
+    env = {**os.environ, "AUTOTUNE_CONTROLLER": service.url, "AUTOTUNE_TOKEN": service.token}
+    return subprocess.run([AUTOTUNE, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.slow
+def test_export_of_a_shape_never_tuned_fails_naming_the_nearest_tuned_shapes(
+    cpu_service: Service, finished_job: str, tmp_path: Path
+) -> None:
+    """mbs 2 was never tuned; mbs 1 of the same model was (1 doubling away), and NVIDIA's presets are far
+    further: the tuned shape is named, and --nearest writes it, saying how far, which GPU and which dtype."""
+    never = [*SHAPE_ARGS, "--mbs", "2"]
+    refused = _cli(cpu_service, "export", *never, "--out", str(tmp_path))
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith("error: shape: was never tuned; the nearest tuned here: h64_tp2_")
+    assert " on cpu (" in refused.stderr and "; ask for the nearest one, marked (export --nearest)" in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+    written = _cli(cpu_service, "export", *never, "--nearest", "--out", str(tmp_path))
+    assert written.returncode == 0, written.stderr
+    assert written.stderr.startswith(
+        "warning: NOT MEASURED for this shape: the nearest preset is tuned here: cpu h64_tp2_"
+    )
+    assert written.stderr.rstrip().endswith("GPU cpu, dtype bf16")
+    header = Path(written.stdout.strip()).read_text().splitlines()[1]
+    assert header.startswith("# nearest: tuned here: cpu h64_tp2_") and header.endswith("GPU cpu, dtype bf16")
+    distance = float(header.split(", ")[1].split(" doublings")[0])
+    assert 0 <= distance <= 1  # 0 where another test tuned seq 64 at mbs 1: the same tokens
+
+
+def test_nearest_ranks_a_bf16_request_away_from_fp8_presets(idle_service: Service) -> None:
+    """NVIDIA's h8192 tp4 seq8192 launcher preset is FP8 by its header: a request without a dtype asks for
+    bf16, so that preset is DTYPE_MISMATCH further away than its shape alone."""
+    query = {"hidden": 8192, "tp": 4, "seq": 8192, "gpu": "h100"}
+    plain = httpx.get(f"{idle_service.url}/v1/best", params=query).json()["nearest"]
+    fp8 = httpx.get(f"{idle_service.url}/v1/best", params={**query, "dtype": "fp8"}).json()["nearest"]
+    assert fp8["dtype"] == "fp8" and fp8["distance"] == 0
+    assert plain["dtype"] != "fp8" or plain["distance"] >= DTYPE_MISMATCH
+
+
+def test_submit_for_a_gpu_no_registered_worker_has_warns_at_once(cpu_service: Service) -> None:
+    """A cpu job runs on the CPU worker whatever --gpu says: the warning says so instead of staying silent."""
+    args = [*SHAPE_ARGS, "--seq", "96", "--backend", "cpu", "--gpu", "h200", "--layers", "qkv_fprop"]
+    submitted = _cli(cpu_service, "submit", *args)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    with cpu_service.client() as client, contextlib.suppress(ApiError):  # it may have finished already
+        client.cancel(job_id)
+    assert submitted.stderr == (
+        f"warning: job {job_id}: no registered worker has a GPU h200 (registered: w0 (cpu)); it runs on the cpu "
+        "backend, which ignores --gpu (--backend cuda for a GPU run)\n"
+    )
+
+
+@pytest.mark.slow
+def test_submit_follow_counts_trials_against_the_budget_and_names_slots_stopped_early(cpu_service: Service) -> None:
+    args = ["submit", *SHAPE_ARGS, "--seq", "64", "--layers", "qkv_fprop,proj_fprop", "--trials", "24"]
+    followed = _cli(cpu_service, *args, "--backend", "cpu", "--follow", "--json")
+    assert followed.returncode == 0, followed.stderr
+    job = json.loads(followed.stdout[followed.stdout.index("{", 1) :])
+    label = f"job {job['id'][:8]}: "
+    progress = [line for line in followed.stderr.splitlines() if line.startswith(label) and " trials, " in line]
+    assert progress and all(line.split(": ")[1].split(" trials")[0].endswith("/48") for line in progress)
+    run = [int(line.split(": ")[1].split("/")[0]) for line in progress]
+    assert run == sorted(run)  # trials run only grow; the budget stays 2 x 24
+    early = {s["slot"] for s in job["slots"] if s["n_complete"] + s["n_failed"] < job["n_trials"]}
+    for slot in job["slots"]:
+        line = f"{label}{slot['slot']} stopped early after {slot['n_complete'] + slot['n_failed']} of 24 trials"
+        assert (line in followed.stderr.splitlines()) == (slot["slot"] in early), followed.stderr
+
+
+@pytest.mark.slow
+def test_best_json_leaves_the_raw_samples_out_unless_asked(cpu_service: Service, finished_job: str) -> None:
+    short = _cli(cpu_service, "best", *SHAPE_ARGS, "--json")
+    full = _cli(cpu_service, "best", *SHAPE_ARGS, "--json", "--samples")
+    assert short.returncode == full.returncode == 0, short.stderr + full.stderr
+    assert '"samples"' not in short.stdout and '"positions"' not in short.stdout
+    assert '"samples"' in full.stdout and len(short.stdout) < len(full.stdout) / 2
+    layer = json.loads(short.stdout)["results"][0]["layers"][0]
+    assert layer["job_id"] and layer["measurement"]["overlap_ms"] > 0
+
+
+@pytest.mark.slow
+def test_a_table_into_a_closed_pipe_ends_quietly(cpu_service: Service, finished_job: str) -> None:
+    """``autotune best ... | head``, the reader gone before the table: rich's console, which prints it, ends
+    with 0 too, saying nothing (rich's own handler would exit 1)."""
+    env = {**os.environ, "AUTOTUNE_CONTROLLER": cpu_service.url, "AUTOTUNE_TOKEN": cpu_service.token}
+    with subprocess.Popen(
+        [AUTOTUNE, "best", *SHAPE_ARGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as done:
+        assert done.stdout is not None and done.stderr is not None
+        done.stdout.close()  # the table is the first thing best writes to stdout
+        stderr = done.stderr.read().decode()
+    assert done.returncode == 0, stderr
+    assert "Broken pipe" not in stderr and "Traceback" not in stderr

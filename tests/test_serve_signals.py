@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import storage
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -58,6 +60,13 @@ def test_sigterm_to_serve_stops_its_local_worker_too(make_service: Callable[...,
     os.kill(service.controller.popen.pid, signal.SIGTERM)  # the controller alone, not its process group
     assert service.controller.popen.wait(STOP_TIMEOUT_S) == 0  # a clean shutdown, as after Ctrl-C
     service.wait_until(lambda: gone(worker), timeout_s=STOP_TIMEOUT_S, what=f"the local worker {worker} to exit")
+    # The worker went first, while the API still answered: the next serve shows it stopped, not lost.
+    engine = storage.create_engine_for(url=service.db_url)
+    try:
+        with storage.session_factory(engine=engine)() as session:
+            assert [w.status for w in storage.list_workers(session=session)] == [storage.WorkerStatus.STOPPED]
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the worker through Linux's /proc")

@@ -548,7 +548,14 @@ def test_trial_purpose_is_stored(session: Session) -> None:
     assert [t.purpose for t in page.items] == list(Purpose)
 
 
-def test_explicit_sqlite_url_gets_its_folder_created(tmp_path: Path) -> None:
+def test_the_default_sqlite_file_gets_its_folder_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "new" / "deeper"))
+    storage.upgrade(engine=storage.create_engine_for())
+    assert storage.default_sqlite_path().exists() and storage.default_sqlite_path().is_relative_to(tmp_path)
+
+
+def test_an_explicit_sqlite_url_in_a_missing_folder_is_refused_and_creates_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'new' / 'deeper' / 'autotune.db'}"
-    storage.upgrade(engine=storage.create_engine_for(url=url))
-    assert (tmp_path / "new" / "deeper" / "autotune.db").exists()
+    with pytest.raises(InputError, match=r"^db_url: must name a file in an existing folder, but .*new/deeper does"):
+        storage.create_engine_for(url=url)
+    assert not (tmp_path / "new").exists()

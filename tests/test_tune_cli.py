@@ -150,3 +150,24 @@ def _wait_for_completed_trials(db: Path, *, at_least: int, process: subprocess.P
         time.sleep(0.1)
     process.kill()
     pytest.fail(f"the tune completed fewer than {at_least} trials in 120 s")
+
+
+def test_a_tune_of_a_finished_shape_says_it_reuses_it_and_fresh_measures_again(tmp_path: Path) -> None:
+    one = ("--layers", "qkv_fprop", "--trials", "3")
+    first = tune(*one, tmp_path=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.startswith("note: measured on the CPU backend")  # and nothing re-used
+    (row,) = [line.split("│") for line in first.stdout.splitlines() if line.startswith("│ qkv_fprop ")]
+    assert row[6].strip() == "n/a"  # the share hidden means nothing on the CPU backend
+    again = tune(*one, tmp_path=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.startswith("note: qkv_fprop: finished by an earlier run in this database, so re-used as they")
+    assert "--fresh tunes them anew\n" in again.stderr
+    url = f"sqlite:///{tmp_path / 'autotune.db'}"
+    (before,) = optuna.get_all_study_summaries(storage=url)
+    fresh = tune(*one, "--fresh", tmp_path=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    assert "re-used" not in fresh.stderr
+    (after,) = optuna.get_all_study_summaries(storage=url)
+    assert after.n_trials > 0 and after.datetime_start is not None and before.datetime_start is not None
+    assert after.datetime_start > before.datetime_start  # made anew, and measured again

@@ -47,5 +47,5 @@ def _answer(*, session: Session, registry: PresetRegistry, query: ShapeQuery, co
         groups = [with_consumer(group, consumer) for group in groups]
     if groups:
         return BestPublic(measured=True, results=groups, nearest=None, nearest_layers=[])
-    _, described, layers = nearest(registry=registry, query=query)
+    _, described, layers = nearest(registry=registry, session=session, query=query)
     return BestPublic(measured=False, results=[], nearest=described, nearest_layers=layers)

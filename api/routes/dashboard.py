@@ -22,6 +22,12 @@ def dashboard() -> FileResponse:
     return FileResponse(STATIC / "index.html", media_type="text/html")
 
 
+@router.get("/favicon.ico", response_class=FileResponse, include_in_schema=False)
+def favicon() -> FileResponse:
+    """The tab's icon, where browsers ask for it (an SVG: every browser the dashboard runs in draws one)."""
+    return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
+
+
 def static_files() -> StaticFiles:
     """What ``/static`` serves: the dashboard's script and styles, and ``vendor/`` (uPlot and its license)."""
     return StaticFiles(directory=STATIC)

@@ -25,7 +25,7 @@ from api.events import JobFeed, StreamsFull, Subscription
 from api.fit import check_memory
 from api.schemas import ErrorPublic, JobAccepted, JobCreate, JobPublic, JobsPage, JobSummary, TrialsPage
 from api.views import job_view, trial_view
-from overlap_runtime.config import OverlapConfig
+from overlap_runtime.config import OverlapConfig, check_backend_size
 from overlap_runtime.errors import ConfigError, InputError
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import slot_space, tunable_slots
@@ -41,6 +41,8 @@ RETRY_AFTER_S = 2
 EVENT_STREAM_MAX_S = 600.0
 """An event stream ends after this long (the browser reconnects): proxies and load balancers cut idle streams."""
 
+JOB_ID_PREFIX = r"^[0-9a-fA-F-]+$"
+"""A job id's first characters: hex digits and dashes, as a UUID is written."""
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "description": "No job with this id"}}
 
 
@@ -56,6 +58,7 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep, resp
     slots = tunable_slots(shape, body.layers)
     check_memory(shape, slots, storage.list_workers(session=session))
     backend = Backend(body.backend or settings.default_backend)
+    check_backend_size(shape, backend.value)  # a CPU job past the limit would never end: 422 now
     job = storage.create_job(
         session=session,
         shape=shape,
@@ -96,9 +99,16 @@ def _measure_first(
 
 
 @router.get("", responses={422: {"model": ErrorPublic}})
-def list_jobs(session: SessionDep, limit: Limit = 50, offset: Offset = 0, status: JobStatus | None = None) -> JobsPage:
-    """Jobs, newest first."""
-    page = storage.list_jobs(session=session, limit=limit, offset=offset, status=status)
+def list_jobs(
+    session: SessionDep,
+    limit: Limit = 50,
+    offset: Offset = 0,
+    status: JobStatus | None = None,
+    id_prefix: Annotated[str | None, Query(pattern=JOB_ID_PREFIX, max_length=36)] = None,
+) -> JobsPage:
+    """Jobs, newest first; ``id_prefix``: only those whose id starts with it (how a client finds a job by the
+    first characters of its id)."""
+    page = storage.list_jobs(session=session, limit=limit, offset=offset, status=status, id_prefix=id_prefix)
     return JobsPage(
         items=[JobSummary.model_validate(job) for job in page.items],
         total=page.total,

@@ -16,12 +16,14 @@ import json
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
+from sqlalchemy.orm import Session
 
 from api.deps import RegistryDep, SessionDep, ShapeQueryDep
 from api.errors import error
-from api.lookup import measured_groups, measured_ours, measured_preset, nearest, one_group
+from api.lookup import measured_groups, measured_ours, measured_preset, nearest, nearest_line, one_group, tuned_nearby
 from api.schemas import ErrorPublic, NearestPublic
 from search_spaces import FORMATS, Consumer, Exported, FormatName, PresetError, PresetFormat, preset_json
+from search_spaces.shape_query import ShapeQuery
 
 router = APIRouter(prefix="/v1", tags=["presets"])
 
@@ -51,6 +53,14 @@ def get_preset(
         Consumer | None,
         Query(description="Who runs the preset (its switches are chosen for it); the format's own by default"),
     ] = None,
+    nearest_ok: Annotated[
+        bool,
+        Query(
+            alias="nearest",
+            description="For a shape never tuned: the nearest preset, marked (true), or a 404 naming the nearest "
+            "shapes tuned here (false)",
+        ),
+    ] = True,
 ) -> Response:
     """The preset for a shape: measured winners under the export rule, else the nearest known preset (marked)."""
     fmt = FORMATS[format]
@@ -64,10 +74,14 @@ def get_preset(
         raise HTTPException(
             status.HTTP_404_NOT_FOUND, detail=[error("format", "ours: nothing was tuned for this shape", "ours")]
         )
+    elif not nearest_ok:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=[error("shape", _never_tuned(session, query))])
     else:
-        preset, described, _ = nearest(registry=registry, query=query)
+        preset, described, _ = nearest(registry=registry, session=session, query=query, consumer=made_for)
         exported = Exported(preset=preset)
     headers = {"X-Autotune-Measured": "false" if described else "true"}
+    if described is not None:
+        headers["X-Autotune-Nearest"] = nearest_line(described)
     if format == FormatName.TE:
         body = {"measured": described is None, "nearest": described and described.model_dump()}
         body |= preset_json(exported.preset)
@@ -84,6 +98,19 @@ def _file_name(fmt: PresetFormat, exported: Exported) -> str:
         return f"preset{fmt.suffix}"
 
 
+NEAREST_NAMED = 3
+"""Tuned shapes a 404 for a shape never tuned names."""
+
+
+def _never_tuned(session: Session, query: ShapeQuery) -> str:
+    """The rule of a 404 for a shape never tuned: the nearest shapes tuned here, or that none was."""
+    tuned = tuned_nearby(session=session, query=query)[:NEAREST_NAMED]
+    if not tuned:
+        return "was never tuned, and nothing was tuned here yet; ask for the nearest known preset (export --nearest)"
+    named = "; ".join(t.text() for t in tuned)
+    return f"was never tuned; the nearest tuned here: {named}; ask for the nearest one, marked (export --nearest)"
+
+
 def _marked(text: str, described: NearestPublic | None) -> str:
     """``text`` (YAML or Python: both comment with #), behind a NOT MEASURED line when it is the nearest preset."""
     if described is None:
@@ -91,5 +118,6 @@ def _marked(text: str, described: NearestPublic | None) -> str:
     warning = (
         f"# NOT MEASURED: nothing was tuned for this shape; this is the nearest known preset, {described.source}, "
         f"{described.distance:g} doublings away (shape {described.shape})\n"
+        f"# nearest: {nearest_line(described)}\n"
     )
     return warning + text

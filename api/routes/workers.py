@@ -128,6 +128,13 @@ def heartbeat(worker_id: WorkerId, session: SessionDep) -> WorkerPublic:
     return WorkerPublic.model_validate(storage.heartbeat(session=session, worker_id=worker_id))
 
 
+@router.post("/{worker_id}/stop", responses=ERRORS)
+def stop(worker_id: WorkerId, session: SessionDep) -> WorkerPublic:
+    """The worker stops cleanly (Ctrl-C, SIGTERM, ``--exit-when-idle``): it is shown as stopped, not lost; a
+    heartbeat brings it back."""
+    return WorkerPublic.model_validate(storage.stop_worker(session=session, worker_id=worker_id))
+
+
 @router.post(
     "/{worker_id}/claim",
     response_model=ClaimPublic,

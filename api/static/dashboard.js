@@ -145,6 +145,19 @@ function historyData(trials) {
   return [xs, ys, bests];
 }
 
+// The CPU backend (gloo between CPU processes) shows that the service works, not what a GPU gains: its share
+// hidden means nothing, as `autotune best` and `tune` say beside their tables.
+const CPU_NOTE = "measured on the CPU backend (gloo between CPU processes), whose times show that the service " +
+  "works, not what a GPU gains; tune on GPUs for numbers to use";
+
+function onCpu(job) {
+  return job.backend === "cpu";
+}
+
+function hiddenText(job, m) {
+  return onCpu(job) ? "n/a (CPU backend)" : `${Math.round(100 * m.hidden_frac)}%`;
+}
+
 function comparison(slot, trials, outcome) {
   // [name, exposed ms, hidden %] for the winner, serial and each labelled baseline that was measured.  TE's
   // default comes from the decision when it was re-measured beside the finalists (the numbers `autotune best`
@@ -227,7 +240,7 @@ function showSlots(job, trials, outcomes) {
     const head = el("div", { class: "slot-head" }, el("strong", {}, s.slot), el("span", { class: s.status }, s.status),
       `${s.n_complete} ok, ${s.n_failed} failed`,
       best ? el("span", {}, best.final ? "winner " : "best so far ", el("code", {}, JSON.stringify(best.config))) : "",
-      m ? `${ms(m.overlap_ms)} · exposed ${ms(m.overlap_ms - m.gemm_ms)} · hidden ${Math.round(100 * m.hidden_frac)}% (serial ${ms(m.serial_ms)})` : "",
+      m ? `${ms(m.overlap_ms)} · exposed ${ms(m.overlap_ms - m.gemm_ms)} · hidden ${hiddenText(job, m)} (serial ${ms(m.serial_ms)})` : "",
       // The fastest config TE runs exactly as measured: what the NeMo YAML and the TE dict carry.
       el("span", { class: "te-exact" }, "TE-exact ",
         s.te_exact ? el("code", {}, JSON.stringify(s.te_exact.config)) : "none measured",
@@ -235,7 +248,10 @@ function showSlots(job, trials, outcomes) {
     const boxes = [chartBox("optimization history: overlap ms per trial, best so far", "history", history[0].length)];
     if (rows.length) {
       boxes.push(chartBox("exposed ms (lower is better)", "exposed", rows.length));
-      boxes.push(chartBox("hidden % of the collective", "hidden", rows.length));
+      boxes.push(onCpu(job)
+        ? el("div", { class: "chart na", "data-chart": "hidden", title: CPU_NOTE }, el("div", { class: "chart-title" },
+          "hidden % of the collective"), `n/a: ${CPU_NOTE}`)
+        : chartBox("hidden % of the collective", "hidden", rows.length));
     }
     const card = el("div", { class: "slot", "data-slot": s.slot }, head, el("div", { class: "charts" }, ...boxes));
     return { card, slot: s.slot, history, rows, boxes };
@@ -246,7 +262,7 @@ function showSlots(job, trials, outcomes) {
     if (rows.length) {
       const names = rows.map(r => r[0]);
       charts.exposed = barChart(boxes[1], names, rows.map(r => r[1]), "exposed ms", "#c73", width);
-      charts.hidden = barChart(boxes[2], names, rows.map(r => r[2]), "hidden %", "#3a7", width);
+      if (!onCpu(job)) charts.hidden = barChart(boxes[2], names, rows.map(r => r[2]), "hidden %", "#3a7", width);
     }
     state.charts[slot] = charts;
   }

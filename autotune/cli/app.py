@@ -7,7 +7,9 @@ interrupted.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import sys
+from typing import Any, NoReturn
 
 import httpx
 import typer
@@ -40,7 +42,17 @@ def _message(e: BaseException) -> str:
     if isinstance(e, httpx.TransportError):
         url = e.request.url
         return f"controller: cannot reach {url.scheme}://{url.netloc.decode()} ({e})"
+    if isinstance(e, OSError) and e.filename is not None:  # "[Errno 5] ..." alone does not say which file
+        return f"file: {e.filename}: {e.strerror or e}"
     return str(e)
+
+
+def _quiet_exit_on_broken_pipe() -> NoReturn:
+    """The reader of stdout went away (``| head``): stop quietly with 0, as it asked for no more output.
+    stdout is pointed at /dev/null so the interpreter's last flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise typer.Exit(0)
 
 
 class _ExitCodes(TyperGroup):
@@ -49,6 +61,8 @@ class _ExitCodes(TyperGroup):
     def invoke(self, ctx: Any) -> Any:  # typer's own click Context, not exported
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _quiet_exit_on_broken_pipe()
         except tuple(EXIT_CODES) as e:
             code = exit_code(e)
             if not isinstance(e, KeyboardInterrupt):

@@ -19,16 +19,19 @@ from api.schemas import BestLayer, ConsumerPublic, JobPublic
 from autotune.cli.consumer_options import FOR_HELP, For
 from autotune.cli.local_token import read_token
 from autotune.cli.output import console, write_out
-from autotune.cli.progress import JobProgress, waiting_reason
+from autotune.cli.progress import JobProgress, is_stopped_early, trials_run, waiting_reason
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
 from autotune.client import DEFAULT_CONTROLLER, ENDED, Client
-from autotune.tuner.gpu import CPU
+from autotune.report import CPU_NOTE, hidden_text
+from autotune.tuner.gpu import CPU, gpu_matches
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 from search_spaces import FORMATS, FormatName, read_file
 from search_spaces.consumers import Consumer, rendered, switch_lines
 from search_spaces.export import ALTERNATIVES_SHOWN
 from search_spaces.formats import exported_of
+
+MAX_PORT = 65535
 
 
 def controller_url(value: str) -> str:
@@ -42,6 +45,8 @@ def controller_url(value: str) -> str:
         raise InputError(
             "controller", "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000", value
         )
+    if url.port is not None and not 0 < url.port <= MAX_PORT:
+        raise InputError("controller", f"port must be 1 to {MAX_PORT}", value)
     return value
 
 
@@ -92,14 +97,30 @@ def submit(
             consumer=None if consumer is None else consumer.value,
         )
         typer.echo(accepted.model_dump_json() if as_json else accepted.id)
-        if reason := waiting_reason(client.job(accepted.id)):  # now, not after the user has waited for nothing
+        job = client.job(accepted.id)
+        if reason := waiting_reason(job):  # now, not after the user has waited for nothing
             typer.echo(f"warning: job {accepted.id} waits: {reason}", err=True)
+        elif gpu is not None and (unmet := _gpu_unmet(client, gpu, job)):
+            typer.echo(f"warning: job {accepted.id}: {unmet}", err=True)
         if follow:
             _follow(client, accepted.id, as_json=as_json)
 
 
+def _gpu_unmet(client: Client, gpu: str, job: JobPublic) -> str | None:
+    """What a job's ``--gpu`` does not get, when no registered worker has that GPU model: on the cpu backend
+    it runs anyway (the backend has no GPU to choose), so say so rather than let it pass for a GPU run."""
+    workers = client.workers()
+    if any(w.gpu_model is not None and gpu_matches(w.gpu_model, gpu) for w in workers):
+        return None
+    fleet = ", ".join(f"{w.name} ({w.gpu_model or w.backend})" for w in workers) or "none"
+    ignored = "; it runs on the cpu backend, which ignores --gpu (--backend cuda for a GPU run)"
+    return f"no registered worker has a GPU {gpu} (registered: {fleet}){ignored if job.backend == CPU else ''}"
+
+
 def status(
-    job_id: Annotated[str, typer.Argument(help="Job id (from submit)")],
+    job_id: Annotated[
+        str, typer.Argument(help="Job id (from submit), or its first characters if no other job's share them")
+    ],
     follow: Annotated[bool, typer.Option("--follow/--no-follow", help="Live progress until the job ends")] = True,
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
@@ -107,6 +128,7 @@ def status(
 ) -> None:
     """Show a job: a live progress bar until it ends (on a terminal), then each slot's best config."""
     with _client(controller, token) as client:
+        job_id = client.resolve_job(job_id)  # once: the prefix the dashboard shows, say
         if follow:
             _follow(client, job_id, as_json=as_json)
             return
@@ -135,7 +157,7 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
         typer.echo(job.model_dump_json(indent=2))
         return
     p = job.progress
-    typer.echo(f"job {job.id}: {job.status} ({p.done}/{p.total} trials, {p.fraction:.0%})")
+    typer.echo(f"job {job.id}: {job.status} ({trials_run(job)} of the budget, {p.fraction:.0%})")
     if reason := waiting_reason(job):
         typer.echo(f"waiting: {reason}")
     if job.error:
@@ -146,8 +168,8 @@ def _print_job(job: JobPublic, *, as_json: bool) -> None:
         m = best.measurement if best else {}
         table.add_row(
             s.slot,
-            s.status,
-            f"{s.n_complete} ok / {s.n_failed} failed",
+            s.status + (" (stopped early)" if is_stopped_early(job, s) else ""),
+            f"{s.n_complete} ok / {s.n_failed} failed of {job.n_trials}",
             _config_text(best.config) if best else "-",
             _ms(m.get("overlap_ms")),
             _ms(m.get("serial_ms")),
@@ -166,13 +188,17 @@ def best(
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
     as_json: AsJson = False,
+    samples: Annotated[
+        bool, typer.Option("--samples", help="With --json: keep each measurement's raw timed samples and positions")
+    ] = False,
 ) -> None:
     """Each slot's best config for a shape; says so plainly when only the nearest known preset is available.
     With ``--for``, also that consumer's joint winner: its switches and the other settings' summed times."""
     with _client(controller, token) as client:
         answer = client.best(shape, gpu=gpu, consumer=None if consumer is None else consumer.value)
     if as_json:
-        typer.echo(answer.model_dump_json(indent=2))
+        data = answer.model_dump(mode="json")
+        typer.echo(json.dumps(data if samples else _without_samples(data), indent=2))
         return
     if answer.nearest is not None:
         near = answer.nearest
@@ -197,7 +223,7 @@ def best(
                 _config_text(best.config),
                 _ms(m.get("overlap_ms")),
                 _ms(m.get("serial_ms")),
-                "n/a" if on_cpu or m.get("hidden_frac") is None else f"{m['hidden_frac']:.0%}",
+                hidden_text(m.get("hidden_frac"), on_cpu=on_cpu),
                 "none measured" if exact is None else _config_text(exact.config),
                 "-" if exact is None else _ms(exact.measurement.get("overlap_ms")),
                 "; ".join(n for n in (_slower_than_serial(best), best.note) if n),
@@ -207,6 +233,20 @@ def best(
             _print_consumer(group.consumer)
         if on_cpu:
             typer.echo(CPU_NOTE, err=True)
+
+
+RAW_SAMPLES = ("samples", "positions")
+"""The keys of a measurement (`Measurement.to_dict`) and its baselines that hold every timed repeat: nearly all
+of a shape's `best --json`, which only `--samples` keeps."""
+
+
+def _without_samples(data: object) -> object:
+    """``data`` (JSON) without the `RAW_SAMPLES` keys, at any depth."""
+    if isinstance(data, dict):
+        return {k: _without_samples(v) for k, v in data.items() if k not in RAW_SAMPLES}
+    if isinstance(data, list):
+        return [_without_samples(v) for v in data]
+    return data
 
 
 def _print_consumer(choice: ConsumerPublic) -> None:
@@ -228,10 +268,6 @@ def _print_consumer(choice: ConsumerPublic) -> None:
         typer.echo(f"  ... {len(choice.alternatives) - ALTERNATIVES_SHOWN} more (--json)")
 
 
-CPU_NOTE = (
-    "note: measured on the CPU backend (gloo between CPU processes): these times show that the service works, "
-    "not what a GPU gains, so the share hidden is not shown (n/a); tune on GPUs for numbers to use"
-)
 SLOWER_NOTE = (
     "slower than serial in its own trial, yet faster than no overlap (none) measured beside it: "
     "the gap is within the noise"
@@ -266,19 +302,32 @@ def export(
     out: Annotated[
         str, typer.Option(help="File to write, or a folder (made if missing) for NVIDIA's file name: docs/cli.md")
     ] = ".",
+    nearest: Annotated[
+        bool,
+        typer.Option(
+            "--nearest",
+            help="For a shape never tuned, write the nearest preset (a shape tuned here or NVIDIA's, by the "
+            "distance of docs/export.md) instead of failing",
+        ),
+    ] = False,
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the file's path, whether it was measured, and the switches as JSON")
     ] = False,
 ) -> None:
-    """Write the shape's preset file (NeMo/Megatron YAML of the TE-exact winners by default) and print its path."""
+    """Write the shape's preset file (NeMo/Megatron YAML of the TE-exact winners by default) and print its path;
+    a shape never tuned is exit 1 naming the nearest tuned shapes, unless ``--nearest``."""
     with _client(controller, token) as client:
         preset = client.preset(
-            shape, gpu=gpu, format=format.value, consumer=None if consumer is None else consumer.value
+            shape,
+            gpu=gpu,
+            format=format.value,
+            consumer=None if consumer is None else consumer.value,
+            nearest=nearest,
         )
     if not preset.measured:
-        typer.echo("warning: NOT MEASURED: this is the nearest known preset, not a result for this shape", err=True)
+        typer.echo(f"warning: NOT MEASURED for this shape: the nearest preset is {preset.nearest}", err=True)
     name = preset.file_name or f"preset{FORMATS[format].suffix}"  # the controller names it
     path = write_out(out, preset.text, name=name)
     if not as_json:
@@ -293,7 +342,7 @@ def export(
 
 
 def cancel(
-    job_id: Annotated[str, typer.Argument(help="Job id")],
+    job_id: Annotated[str, typer.Argument(help="Job id, or its first characters if no other job's share them")],
     controller: Controller = DEFAULT_CONTROLLER,
     token: Token = None,
     as_json: AsJson = False,

@@ -9,7 +9,7 @@ import typer
 
 from autotune.cli.field_options import FieldOption, takes
 from autotune.cli.shape_options import Command, takes_shape
-from overlap_runtime.config import OverlapConfig, knob_options
+from overlap_runtime.config import OverlapConfig, check_backend_size, knob_options
 from overlap_runtime.errors import InputError, TrialFailure
 from overlap_runtime.runtime import available_gpus, open_runtime
 from overlap_runtime.shape import ModelShape, Slot
@@ -81,6 +81,7 @@ def measure(
     else:
         given = knobs.pop(SET_SM_MARGIN, None)
         config = OverlapConfig(**knobs, set_sm_margin=knobs.get("num_sm") is not None if given is None else given)
+    check_backend_size(shape, backend)  # now, not after the TP group has started
     with open_runtime(tp=shape.tp, backend=backend) as runtime:
         try:
             result = runtime.measure(shape, slot, config, repeats=repeats)

@@ -20,9 +20,17 @@ PIPE_WIDTH = 200
 """Table width when printing to a pipe or a file: rich's 80 columns would cut the knobs off."""
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (``| head``): leave it to the CLI's one handler (exit 0, quietly), where rich's
+        own would exit 1."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def console() -> Console:
     """A console on stdout: the terminal's width on a terminal, `PIPE_WIDTH` elsewhere."""
-    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    return _Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
 def is_folder(out: str) -> bool:

@@ -17,13 +17,16 @@ one per API process.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import logging
 import os
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import optuna
@@ -38,8 +41,9 @@ from api.main import app_from_env, create_app
 from api.settings import Settings
 from autotune.cli import signals
 from autotune.cli.local_token import load_or_create_token, token_path
+from autotune.cli.log_level import LogLevel
 from autotune.cli.measure import default_backend
-from overlap_runtime.errors import InputError
+from overlap_runtime.errors import AutotuneError, InputError
 
 WORKER_STOP_TIMEOUT_S = 10.0
 _CLI_MAIN = "from autotune.cli.app import main; main()"
@@ -78,7 +82,7 @@ def serve(
         int | None,
         typer.Option(help="Largest request body; a larger one is a 413 (default 1 MiB; AUTOTUNE_MAX_BODY_BYTES)"),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    log_level: LogLevel = "info",
     workers: Annotated[
         int,
         typer.Option(
@@ -115,11 +119,17 @@ def serve(
     }
     settings.check_auth()
     settings.check_scheduler()
+    _check_port(settings)
     _migrate(settings)
     app: FastAPI | str = create_app(settings) if workers == 1 else _export_for_workers(settings)
     signals.stop_on_sigterm()  # uvicorn raises SIGTERM again once it has shut down: stop the local worker then
-    with _local_worker(settings, backend) if local_worker else contextlib.nullcontext():
-        uvicorn.run(app, workers=workers, factory=workers > 1, **options)
+    for line in _where_to_go(settings, local_worker=local_worker):
+        typer.echo(line, err=True)
+    with _local_worker(settings, backend) if local_worker else contextlib.nullcontext(_nothing) as stop_worker:
+        if workers > 1:
+            uvicorn.run(app, workers=workers, factory=True, **options)
+        else:  # the local worker stops first, so it can tell the API it stopped (shown stopped, not lost)
+            _serve(_Server(uvicorn.Config(app, **options), first=stop_worker))
 
 
 def worker_app() -> FastAPI:
@@ -137,6 +147,17 @@ def _settings(overrides: dict[str, Any]) -> Settings:
         first = e.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         raise InputError(field, first["msg"], first.get("input")) from None
+
+
+def _check_port(settings: Settings) -> None:
+    """Fail now (exit 1, with the reason) when the address cannot be bound, before the database is migrated
+    and the scheduler role taken: uvicorn would find out only after both, and exit 3."""
+    with socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as e:
+            raise AutotuneError(f"port: cannot listen on {settings.host}:{settings.port}: {e.strerror or e}") from None
 
 
 def _migrate(settings: Settings) -> None:
@@ -173,9 +194,35 @@ def _log_config(level: str) -> dict[str, Any]:
     return config
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which calls ``first`` (in a thread: the API keeps answering) before it shuts down."""
+
+    def __init__(self, config: uvicorn.Config, *, first: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._first = first
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await asyncio.to_thread(self._first)
+        await super().shutdown(sockets=sockets)
+
+
+def _serve(server: uvicorn.Server) -> None:
+    """Run ``server`` as `uvicorn.run` does: the signal it re-raises once shut down (Ctrl-C, or SIGTERM as
+    `signals` turns it into one) is a clean stop; a server that never started is a failure."""
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        raise AutotuneError("serve: the server did not start (its log above says why)")
+
+
+def _nothing() -> None:
+    """No local worker to stop."""
+
+
 @contextlib.contextmanager
-def _local_worker(settings: Settings, backend: str | None) -> Iterator[None]:
-    """A worker process for this controller, stopped with it; it waits for the controller to come up."""
+def _local_worker(settings: Settings, backend: str | None) -> Iterator[Callable[[], None]]:
+    """A worker process for this controller, stopped with it; it waits for the controller to come up.  Yields
+    a callable that stops it, so it can go while the API still answers."""
     env = dict(os.environ)
     # The environment, not argv: ps shows argv.  With a worker token the worker gets that one only: it
     # registers with it, and needs no client write.
@@ -187,15 +234,42 @@ def _local_worker(settings: Settings, backend: str | None) -> Iterator[None]:
     command = [sys.executable, "-c", _CLI_MAIN, "worker", "--controller", _url(settings), "--backend", backend or "cpu"]
     command += ["--parent-pid", str(os.getpid())]  # it stops itself should this process die without stopping it
     worker = subprocess.Popen(command, env=env)
-    try:
-        yield
-    finally:
+
+    def stop() -> None:
+        if worker.poll() is not None:
+            return
         worker.terminate()
         try:
             worker.wait(WORKER_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()
+
+    try:
+        yield stop
+    finally:
+        stop()
+
+
+FIRST_JOB = "submit --hidden 256 --tp 2 --seq 256 --trials 4 --follow"
+"""The next command `serve` suggests: the README's first job, sized for the CPU backend."""
+
+
+def _where_to_go(settings: Settings, *, local_worker: bool) -> list[str]:
+    """What a newcomer needs once the migration lines have scrolled by: the dashboard's URL and the next command
+    (a first job where this controller has a worker of its own, else how to start one)."""
+    url = _url(settings)
+    command = _this_command()
+    then = f"{command} {FIRST_JOB}" if local_worker else f"{command} worker --controller {url} (on a GPU node)"
+    return [f"dashboard: {url}/  (REST API docs: {url}/docs)", f"next, in another terminal: {then}"]
+
+
+def _this_command() -> str:
+    """How this shell reached the console script: relative to the working folder (``.venv/bin/autotune``, as
+    `make run` starts it) when it lies inside it, else its name."""
+    script = Path(sys.argv[0]).resolve()  # "-c" where the CLI was started as python -c (the tests, a local worker)
+    inside = script.is_file() and script.is_relative_to(Path.cwd())
+    return str(script.relative_to(Path.cwd())) if inside else "autotune"
 
 
 def _url(settings: Settings) -> str:

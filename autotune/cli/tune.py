@@ -13,7 +13,8 @@ from autotune.cli import output, signals
 from autotune.cli.consumer_options import For
 from autotune.cli.measure import BACKEND_HELP, default_backend
 from autotune.cli.shape_options import takes_shape
-from autotune.report import choice_lines, outcome_table
+from autotune.report import CPU_NOTE, choice_lines, outcome_table
+from autotune.tuner.gpu import CPU
 from overlap_runtime.shape import ModelShape
 
 
@@ -28,6 +29,13 @@ def tune(
     gpu: Annotated[str | None, typer.Option(help="GPU model name to key results by (default: GPU 0's)")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampler seed, for reproducible searches")] = None,
     consumer: For = None,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Tune every slot anew: delete this shape's studies on this GPU model from an earlier run first",
+        ),
+    ] = False,
 ) -> None:
     """Tune every layer slot of a shape locally; run it again with the same arguments to resume."""
     signals.stop_on_sigterm()  # `kill` stops like Ctrl-C: the TP group is shut down, exit 130
@@ -41,15 +49,25 @@ def tune(
         gpu=gpu,
         seed=seed,
         consumer=consumer,
+        fresh=fresh,
     )
     console = output.console()
     report = local.tune(request, console=console)
+    if report.reused:
+        names = ", ".join(slot.value for slot in report.reused)
+        print(
+            f"note: {names}: finished by an earlier run in this database, so re-used as they are (nothing of "
+            "them was measured now); --fresh tunes them anew",
+            file=sys.stderr,
+        )
     console.print(outcome_table(report))
     if report.choice is not None:
         for line in choice_lines(report.choice):
             console.print(line, highlight=False)
     for path in report.files:
         console.print(f"wrote {path}")
+    if report.gpu == CPU:
+        print(CPU_NOTE, file=sys.stderr)
     if not report.ok:
         failed = ", ".join(slot.value for slot, o in report.outcomes.items() if o is None)
         print(f"error: no config ran correctly for {failed}", file=sys.stderr)

@@ -10,6 +10,7 @@ import typer
 from autotune.cli import signals
 from autotune.cli.client import controller_url
 from autotune.cli.local_token import read_token
+from autotune.cli.log_level import LogLevel
 from autotune.cli.measure import BACKEND_HELP, default_backend
 from autotune.worker import WorkerOptions, run_worker
 from overlap_runtime.errors import InputError
@@ -58,7 +59,7 @@ def worker(
         int | None,
         typer.Option(min=1, help="Exit 0, once idle, when this many of the jobs it ran trials for have ended"),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    log_level: LogLevel = "info",
     parent_pid: Annotated[
         int | None, typer.Option(hidden=True, help="Exit when this process, the serve that started it, dies")
     ] = None,
