@@ -157,7 +157,9 @@ for short in (False, True):
                                                shape=(256, 512, 256), gemm_sms=4, col_groups=2, short=short))),
     ):
         print(name, "short" if short else "waited", err)
-        assert (err > 0.1) if short else (err <= 1e-2), (name, short, err)
+        # wrong means the harness's check (rel_err <= 1e-2 at bf16) fails: one stale partial of three beside a
+        # K=256 GEMM moves the scatter's output by ~0.09 on the H200, the gather's by ~0.7
+        assert (err > 1e-2) if short else (err <= 1e-2), (name, short, err)
 print("late flags ok")
 """
 
