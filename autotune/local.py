@@ -28,9 +28,11 @@ from autotune.tuner.proposal import Proposal, Purpose
 from autotune.tuner.studies import SlotStudy, study_name
 from overlap_runtime.config import NO_OVERLAP, OverlapConfig, check_backend_size
 from overlap_runtime.errors import ConfigError, InputError, TrialFailure
+from overlap_runtime.knobs import Backend
 from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.runtime import open_runtime
 from overlap_runtime.shape import ModelShape, Slot
+from overlap_runtime.te_backend import require_te
 from search_spaces.catalog import tunable_slots
 from search_spaces.consumers import Consumer, ConsumerChoice
 from search_spaces.export import SlotResult, consumer_choice, preset_from_results
@@ -128,6 +130,8 @@ def tune(request: TuneRequest, *, console: Console) -> TuneReport:
     shape = request.shape
     slots = tunable_slots(shape, request.layers)
     check_backend_size(shape, request.backend)
+    if request.backend == Backend.TE:
+        require_te()  # what to install, before the database file is created
     engine = create_engine_for(url=request.db)  # a --db in a missing folder is an InputError before anything runs
     _make_out(request.out)
     with open_runtime(tp=shape.tp, backend=request.backend) as runtime:
