@@ -63,6 +63,8 @@ MAX_CONSECUTIVE_ERRORS = 5
 """Unexpected errors in a row on one job before it is failed (transient database errors never count)."""
 TRANSIENT = (storage.StorageError, SQLAlchemyError, optuna.exceptions.StorageInternalError)
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+MAX_SUSPECT = 3
+"""Suspect results of one proposal, each by a different worker, before it is told as failed."""
 
 
 @dataclass(kw_only=True)
@@ -250,7 +252,10 @@ class Scheduler:
         rows = _rows(session=session, job=job, study=study)
         for row in rows:
             if row.state in (TrialState.COMPLETE, TrialState.FAILED) and row.id not in slot.told:
-                self._tell(session=session, slot=slot, study=study, row=row)
+                if row.suspect is None:
+                    self._tell(session=session, slot=slot, study=study, row=row)
+                else:
+                    self._remeasure(session=session, slot=slot, study=study, row=row, rows=rows)
         if not slot.adopted:
             self._adopt(session=session, slot=slot, study=study, rows=rows)
         waiting = sum(row.state == TrialState.WAITING for row in rows)
@@ -305,6 +310,23 @@ class Scheduler:
             slot.study.tell(proposal, failure=row.error or "failed without a reason")
         slot.told.add(row.id)
 
+    def _remeasure(self, *, session: Session, slot: _Slot, study: LayerStudy, row: Trial, rows: list[Trial]) -> None:
+        """A suspect result is never told: its proposal is queued again, as a second row of the same Optuna
+        trial number, which the worker that reported it cannot claim (`storage.claim_trial`).  Another
+        worker's result is then told in its place; after `MAX_SUSPECT` suspect results the proposal is told
+        as failed, so the slot is never stuck on workers that all disagree with what was seen."""
+        same = [r for r in rows if r.optuna_trial_number == row.optuna_trial_number]
+        suspects = [r for r in same if r.suspect is not None]
+        queued = any(r.id > row.id for r in same)  # by this process before a restart, or by the previous leader
+        if not queued and len(suspects) >= MAX_SUSPECT:
+            slot.study.tell(proposal_of(row), failure=f"suspect on {len(suspects)} workers; last: {row.suspect}")
+        elif not queued:
+            log.warning(
+                "re-measuring trial %d of %s on another worker: %s", row.id, study.optuna_study_name, row.suspect
+            )
+            _add(session=session, study=study, proposal=proposal_of(row))
+        slot.told.add(row.id)
+
     def _adopt(self, *, session: Session, slot: _Slot, study: LayerStudy, rows: list[Trial]) -> None:
         """Queue proposals the tuner handed out that have no row here (lost in a crash, or left by a cancelled
         job on the same study), so the study is never stuck waiting for them."""
@@ -322,14 +344,6 @@ class Scheduler:
             storage.update_layer_study(session=session, study_id=study.id, status=JobStatus.FAILED)
             return
         trial_id = _trial_of(rows, outcome.best, outcome.best_measurement)
-        suspect = next((row.suspect for row in rows if row.id == trial_id and row.suspect), None)
-        if suspect is not None:
-            # Kept from /v1/best: the study is decided, but no winner is published on numbers no other worker has seen.
-            log.warning("winner of %s not published, its result is suspect: %s", study.optuna_study_name, suspect)
-            storage.update_layer_study(
-                session=session, study_id=study.id, status=JobStatus.SUCCEEDED, best_trial_id=trial_id
-            )
-            return
         storage.record_winner(
             session=session,
             gpu=_gpu_of(study.optuna_study_name),

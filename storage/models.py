@@ -179,7 +179,8 @@ class Trial(Base):
     repeat the nonce, so a result counts only from the worker holding this very lease."""
     suspect: Mapped[str | None] = mapped_column(Text)
     """Why this complete trial's result lies far outside what other workers measured for its study
-    (`storage.seen_gemm_ms`, `api.routes.workers`); a winner it measured is not published.  None: within."""
+    (`storage.seen_gemm_ms`, `api.routes.workers`); never told to the tuner: another worker re-measures it
+    (`api.scheduler`).  None: within."""
     attempts: Mapped[int] = mapped_column(default=0)
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]

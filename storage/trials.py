@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, false, select, update
+from sqlalchemy import ColumnElement, exists, false, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 
 from overlap_runtime.errors import LeaseLost
@@ -127,7 +127,7 @@ def claim_trial(*, session: Session, worker_id: str, lease: timedelta, now: date
         select(candidate.id)
         .join(LayerStudy, LayerStudy.id == candidate.study_id)
         .join(Job, Job.id == LayerStudy.job_id)
-        .where(candidate.state == TrialState.WAITING, *_runnable_by(worker))
+        .where(candidate.state == TrialState.WAITING, *_runnable_by(worker, candidate))
         .order_by(candidate.id)
         .limit(1)
         .with_for_update(skip_locked=True, of=candidate)
@@ -158,9 +158,18 @@ def claim_trial(*, session: Session, worker_id: str, lease: timedelta, now: date
     return Claim(trial=trial, study=study, job=job, nonce=nonce)
 
 
-def _runnable_by(worker: Worker) -> list[ColumnElement[bool]]:
-    """SQL conditions on the joined job and study rows for trials ``worker`` can run."""
+def _runnable_by(worker: Worker, candidate: type[Trial]) -> list[ColumnElement[bool]]:
+    """SQL conditions on the ``candidate`` trial and its joined job and study rows for trials ``worker`` can
+    run.  A proposal whose result ``worker`` reported as suspect is re-measured by another worker, never by
+    it (`api.scheduler`): a second row of the same study and Optuna trial number."""
+    own_suspect = aliased(Trial)
     conditions = [
+        ~exists().where(
+            own_suspect.study_id == candidate.study_id,
+            own_suspect.optuna_trial_number == candidate.optuna_trial_number,
+            own_suspect.suspect.is_not(None),
+            own_suspect.worker_id == worker.id,
+        ),
         Job.status.in_(ACTIVE_JOB_STATUSES),
         LayerStudy.status.in_(ACTIVE_JOB_STATUSES),
         Job.backend == worker.backend,

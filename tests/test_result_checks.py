@@ -130,7 +130,9 @@ FAST = consistent([0.10, 0.10, 0.11, 0.10], [0.09] * 4, [0.03] * 4, [0.12] * 4)
 """A lie that adds up and breaks no physics, but whose GEMM alone ran 3x faster than other workers' did."""
 
 
-def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_its_winner_unpublished(service: Service) -> None:
+def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_another_worker_remeasures_it(
+    service: Service,
+) -> None:
     with service.client() as client, httpx.Client(base_url=service.url, timeout=30) as http:
         honest = client.register({"name": "honest", "host": "h", "backend": "cpu"})
         liar = client.register({"name": "liar", "host": "h", "backend": "cpu"})
@@ -144,10 +146,22 @@ def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_its_winner_un
         final = service.wait_until(lambda: client.claim(liar), timeout_s=30, what="the liar's claim")
         assert final.trial_id == claim.trial_id
         assert client.report(liar, final, measurements=[FAST] * len(final.proposal.configs)).state == "complete"
+
+        def queued_again() -> bool:
+            return any(t.state == "waiting" for t in client.all_trials(job_id))
+
+        service.wait_until(queued_again, timeout_s=30, what="the suspect finalists queued again")
+        assert client.claim(liar) is None  # its own suspect result is never re-measured by the liar
+        again = client.claim(honest)
+        assert again is not None and again.trial_id != final.trial_id
+        assert again.proposal.configs == final.proposal.configs
+        client.report(honest, again, measurements=[GENUINE] * len(again.proposal.configs))
         assert service.wait_for_job(job_id).status == "succeeded"
         trials = {t.id: t for t in client.all_trials(job_id)}
         assert trials[final.trial_id].suspect is not None
         assert "under 0.5 x the fastest GEMM of" in trials[final.trial_id].suspect
         assert all(t.suspect is None for i, t in trials.items() if i != final.trial_id)
         best = http.get("/v1/best", params={"hidden": 64, "tp": 2, "seq": 32, "gpu": "cpu"}).json()
-        assert best["measured"] is False, best
+        assert best["measured"] is True, best
+        (layer,) = best["results"][0]["layers"]
+        assert layer["measurement"]["overlap_ms"] == GENUINE["overlap_ms"], layer  # the honest worker's numbers

@@ -139,8 +139,8 @@ class TrialPublic(BaseModel):
     """``{"measurements": [...]}``, one per proposed config, once complete."""
     error: str | None
     suspect: str | None = None
-    """Why this result lies far outside what other workers measured for its GPU model, shape and slot; a
-    winner it measured is not published to ``/v1/best``."""
+    """Why this result lies far outside what other workers measured for its GPU model, shape and slot; the
+    tuner is never told it: another worker re-measures the proposal (`api.scheduler`)."""
     worker_id: str | None
     attempts: int
     created_at: datetime

@@ -5,9 +5,9 @@ Revises: 0009
 Create Date: 2026-12-03
 
 ``suspect`` is the reason a complete trial's result lies far outside what other workers measured for the
-same study (GPU model, shape, slot): its GEMM alone far faster than the fastest of theirs (issue 29).  Such a result is
-kept and told to the tuner, but a winner it measured is not published to ``/v1/best``.  NULL for every
-trial before this revision, and for every result within what was seen.
+same study (GPU model, shape, slot): its GEMM alone far faster than the fastest of theirs (issue 29).  Such a
+result is kept, with its reason, and re-measured by another worker (`api.scheduler`).  NULL for every trial
+before this revision, and for every result within what was seen.
 
 ``autotune_enrolments`` holds the SHA-256 of each enrolment token (`storage.enrolments`): one worker
 registers with it, once, before it expires.
