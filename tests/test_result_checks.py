@@ -21,6 +21,9 @@ from overlap_runtime.uncertainty import Series
 if TYPE_CHECKING:
     from conftest_service import Service
 
+    from api.schemas import ClaimPublic, WorkerCreated
+    from autotune.client import Client
+
 pytest_plugins = ("conftest_service",)  # make_service, sqlite_url, postgres_url
 
 SHAPE = ModelShape(hidden=64, tp=2, seq=32)
@@ -130,6 +133,16 @@ FAST = consistent([0.10, 0.10, 0.11, 0.10], [0.09] * 4, [0.03] * 4, [0.12] * 4)
 """A lie that adds up and breaks no physics, but whose GEMM alone ran 3x faster than other workers' did."""
 
 
+def measure_up_to_finalists(service: Service, client: Client, honest: WorkerCreated) -> ClaimPublic:
+    """The honest worker measures every trial before the finalists, and hands their batch back."""
+    while True:
+        claim = service.wait_until(lambda: client.claim(honest), timeout_s=30, what="a claim")
+        if claim.proposal.purpose == "finalist":
+            client.release(honest, claim)
+            return claim
+        client.report(honest, claim, measurements=[GENUINE] * len(claim.proposal.configs))
+
+
 def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_another_worker_remeasures_it(
     service: Service,
 ) -> None:
@@ -137,12 +150,7 @@ def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_another_worke
         honest = client.register({"name": "honest", "host": "h", "backend": "cpu"})
         liar = client.register({"name": "liar", "host": "h", "backend": "cpu"})
         job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
-        while True:  # the honest worker measures everything up to the finalists, the liar takes those
-            claim = service.wait_until(lambda: client.claim(honest), timeout_s=30, what="a claim")
-            if claim.proposal.purpose == "finalist":
-                client.release(honest, claim)
-                break
-            client.report(honest, claim, measurements=[GENUINE] * len(claim.proposal.configs))
+        claim = measure_up_to_finalists(service, client, honest)
         final = service.wait_until(lambda: client.claim(liar), timeout_s=30, what="the liar's claim")
         assert final.trial_id == claim.trial_id
         assert client.report(liar, final, measurements=[FAST] * len(final.proposal.configs)).state == "complete"
@@ -165,3 +173,21 @@ def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_another_worke
         assert best["measured"] is True, best
         (layer,) = best["results"][0]["layers"]
         assert layer["measurement"]["overlap_ms"] == GENUINE["overlap_ms"], layer  # the honest worker's numbers
+
+
+def test_a_proposal_suspect_on_three_workers_is_told_as_failed_and_asked_anew(service: Service) -> None:
+    with service.client() as client:
+        honest = client.register({"name": "honest", "host": "h", "backend": "cpu"})
+        liars = [client.register({"name": f"liar{i}", "host": "h", "backend": "cpu"}) for i in range(3)]
+        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
+        batch = measure_up_to_finalists(service, client, honest)
+        for liar in liars:  # each takes the batch the one before made suspect
+            final = service.wait_until(lambda liar=liar: client.claim(liar), timeout_s=30, what="a liar's claim")
+            assert final.proposal.configs == batch.proposal.configs
+            client.report(liar, final, measurements=[FAST] * len(final.proposal.configs))
+        anew = service.wait_until(lambda: client.claim(honest), timeout_s=30, what="the batch asked anew")
+        assert anew.proposal.purpose == "finalist" and anew.proposal.configs == batch.proposal.configs
+        client.report(honest, anew, measurements=[GENUINE] * len(anew.proposal.configs))
+        assert service.wait_for_job(job_id).status == "succeeded"
+        suspects = [t for t in client.all_trials(job_id) if t.suspect is not None]
+        assert len(suspects) == 3 and len({t.worker_id for t in suspects}) == 3, suspects
