@@ -133,6 +133,27 @@ FAST = consistent([0.10, 0.10, 0.11, 0.10], [0.09] * 4, [0.03] * 4, [0.12] * 4)
 """A lie that adds up and breaks no physics, but whose GEMM alone ran 3x faster than other workers' did."""
 
 
+def test_cpu_results_are_never_suspect_however_far_apart(service: Service) -> None:
+    """Each host's CPU is "cpu": a loaded one times a GEMM 2x slower than an idle one, and neither lies."""
+    with service.client() as client:
+        idle, loaded = (client.register({"name": n, "host": n, "backend": "cpu"}) for n in ("idle", "loaded"))
+        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
+        claim = measure_up_to_finalists(service, client, loaded)
+        final = service.wait_until(lambda: client.claim(idle), timeout_s=30, what="the idle worker's claim")
+        assert final.trial_id == claim.trial_id
+        client.report(idle, final, measurements=[FAST] * len(final.proposal.configs))
+        assert service.wait_for_job(job_id).status == "succeeded"
+        trials = client.all_trials(job_id)
+        assert all(t.suspect is None and t.state == "complete" for t in trials), trials
+        assert len({t.optuna_trial_number for t in trials}) == len(trials)  # nothing measured twice
+
+
+def gpu_worker(client: Client, name: str) -> WorkerCreated:
+    """A worker registered with two H200s, whose results the test writes: a GPU model is what suspicion
+    compares workers by (a CPU backend's results never are suspect)."""
+    return client.register({"name": name, "host": "h", "backend": "cuda", "gpu_model": "NVIDIA H200", "n_gpus": 2})
+
+
 def measure_up_to_finalists(service: Service, client: Client, honest: WorkerCreated) -> ClaimPublic:
     """The honest worker measures every trial before the finalists, and hands their batch back."""
     while True:
@@ -147,9 +168,8 @@ def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_another_worke
     service: Service,
 ) -> None:
     with service.client() as client, httpx.Client(base_url=service.url, timeout=30) as http:
-        honest = client.register({"name": "honest", "host": "h", "backend": "cpu"})
-        liar = client.register({"name": "liar", "host": "h", "backend": "cpu"})
-        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
+        honest, liar = gpu_worker(client, "honest"), gpu_worker(client, "liar")
+        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cuda").id
         claim = measure_up_to_finalists(service, client, honest)
         final = service.wait_until(lambda: client.claim(liar), timeout_s=30, what="the liar's claim")
         assert final.trial_id == claim.trial_id
@@ -169,7 +189,7 @@ def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_another_worke
         assert trials[final.trial_id].suspect is not None
         assert "under 0.5 x the fastest GEMM of" in trials[final.trial_id].suspect
         assert all(t.suspect is None for i, t in trials.items() if i != final.trial_id)
-        best = http.get("/v1/best", params={"hidden": 64, "tp": 2, "seq": 32, "gpu": "cpu"}).json()
+        best = http.get("/v1/best", params={"hidden": 64, "tp": 2, "seq": 32, "gpu": "h200"}).json()
         assert best["measured"] is True, best
         (layer,) = best["results"][0]["layers"]
         assert layer["measurement"]["overlap_ms"] == GENUINE["overlap_ms"], layer  # the honest worker's numbers
@@ -177,9 +197,9 @@ def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_another_worke
 
 def test_a_proposal_suspect_on_three_workers_is_told_as_failed_and_asked_anew(service: Service) -> None:
     with service.client() as client:
-        honest = client.register({"name": "honest", "host": "h", "backend": "cpu"})
-        liars = [client.register({"name": f"liar{i}", "host": "h", "backend": "cpu"}) for i in range(3)]
-        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
+        honest = gpu_worker(client, "honest")
+        liars = [gpu_worker(client, f"liar{i}") for i in range(3)]
+        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cuda").id
         batch = measure_up_to_finalists(service, client, honest)
         for liar in liars:  # each takes the batch the one before made suspect
             final = service.wait_until(lambda liar=liar: client.claim(liar), timeout_s=30, what="a liar's claim")

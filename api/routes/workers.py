@@ -46,11 +46,12 @@ router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 TrialId = Annotated[int, Path(ge=1, le=(1 << 31) - 1)]
 SUSPECT_SHARE = 0.5
-"""A result whose GEMM alone (``gemm_ms``, the library GEMM of the slot: the same problem whatever the config)
-ran faster than this share of the fastest that other workers measured for the same GPU model, shape and
-slot is suspect: two GPUs of one model differ by a few percent, not by 2x.  The GEMM, not the overlap: a fast
-config is no lie, and physics ties the overlap to the GEMM (`check_physical`), so a forged fast overlap
-needs a forged fast GEMM."""
+"""A result of a GPU backend whose GEMM alone (``gemm_ms``, the library GEMM of the slot: the same problem
+whatever the config) ran faster than this share of the fastest that other workers measured for the same GPU
+model, shape and slot is suspect: two GPUs of one model differ by a few percent, not by 2x.  The GEMM, not
+the overlap: a fast config is no lie, and physics ties the overlap to the GEMM (`check_physical`), so a
+forged fast overlap needs a forged fast GEMM.  Never on the cpu backend: its workers' hosts differ, and a
+loaded host times the same GEMM 2x slower than an idle one."""
 SUSPECT_SEEN = 2
 """Results of other workers needed before a result can be called suspect: with fewer, too little was seen."""
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -221,14 +222,16 @@ def report(
             check_physical(data, backend=job.backend.value, dtype=dtype)
         except InputError as e:
             raise InputError(f"measurements.{index}.{e.field}", e.rule, e.value) from None
-    seen = storage.seen_gemm_ms(session=session, trial_id=trial_id, worker_id=worker_id)
+    suspect = None
+    if job.backend != Backend.CPU:  # every host's CPU is "cpu": no model whose speed other workers have shown
+        suspect = _suspect(dumped, storage.seen_gemm_ms(session=session, trial_id=trial_id, worker_id=worker_id))
     trial = storage.complete_trial(
         session=session,
         trial_id=trial_id,
         worker_id=worker_id,
         nonce=nonce,
         measurement=measurement_json([m.model_dump() for m in measurements]),
-        suspect=_suspect(dumped, seen),
+        suspect=suspect,
     )
     metrics.observe_trial(trial)
     return TrialPublicState(id=trial.id, state=trial.state.value)
