@@ -75,6 +75,7 @@ SWEEP_CONFIGS = (
     dataclasses.replace(gemm.LARGE, split_tail=True),
     gemm.MEDIUM,
     dataclasses.replace(gemm.MEDIUM, split_tail=True),
+    dataclasses.replace(gemm.MEDIUM, num_stages=4),
     dataclasses.replace(gemm.MEDIUM, num_warps=8),
     dataclasses.replace(gemm.LARGE, block_m=256, block_n=128),
 )
