@@ -137,19 +137,30 @@ class RequestMetrics:
         start = time.perf_counter()
         root = scope.get("root_path", "")
         status = 500  # what the client sees when the app raises before answering
+        counted = False
+
+        def count() -> None:
+            nonlocal counted
+            if not counted:
+                counted = True
+                labels = {"method": scope["method"], "route": _template(scope, root=root), "status": str(status)}
+                self.metrics.requests.labels(**labels).inc()
+                self.metrics.request_seconds.labels(**labels).observe(time.perf_counter() - start)
 
         async def send_noting_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                # Counted before the last byte leaves: a file response still closes its file (in a thread)
+                # after it, and a client's next request, a scrape of /metrics, must already see this one.
+                count()
             await send(message)
 
         try:
             await self.app(scope, receive, send_noting_status)
         finally:
-            labels = {"method": scope["method"], "route": _template(scope, root=root), "status": str(status)}
-            self.metrics.requests.labels(**labels).inc()
-            self.metrics.request_seconds.labels(**labels).observe(time.perf_counter() - start)
+            count()  # an app that raised, or that never finished its body
 
 
 def _template(scope: Scope, *, root: str) -> str:
