@@ -133,21 +133,6 @@ FAST = consistent([0.10, 0.10, 0.11, 0.10], [0.09] * 4, [0.03] * 4, [0.12] * 4)
 """A lie that adds up and breaks no physics, but whose GEMM alone ran 3x faster than other workers' did."""
 
 
-def test_cpu_results_are_never_suspect_however_far_apart(service: Service) -> None:
-    """Each host's CPU is "cpu": a loaded one times a GEMM 2x slower than an idle one, and neither lies."""
-    with service.client() as client:
-        idle, loaded = (client.register({"name": n, "host": n, "backend": "cpu"}) for n in ("idle", "loaded"))
-        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
-        claim = measure_up_to_finalists(service, client, loaded)
-        final = service.wait_until(lambda: client.claim(idle), timeout_s=30, what="the idle worker's claim")
-        assert final.trial_id == claim.trial_id
-        client.report(idle, final, measurements=[FAST] * len(final.proposal.configs))
-        assert service.wait_for_job(job_id).status == "succeeded"
-        trials = client.all_trials(job_id)
-        assert all(t.suspect is None and t.state == "complete" for t in trials), trials
-        assert len({t.optuna_trial_number for t in trials}) == len(trials)  # nothing measured twice
-
-
 def gpu_worker(client: Client, name: str) -> WorkerCreated:
     """A worker registered with two H200s, whose results the test writes: a GPU model is what suspicion
     compares workers by (a CPU backend's results never are suspect)."""
@@ -162,6 +147,21 @@ def measure_up_to_finalists(service: Service, client: Client, honest: WorkerCrea
             client.release(honest, claim)
             return claim
         client.report(honest, claim, measurements=[GENUINE] * len(claim.proposal.configs))
+
+
+def test_cpu_results_are_never_suspect_however_far_apart(service: Service) -> None:
+    """Each host's CPU is "cpu": a loaded one times a GEMM 2x slower than an idle one, and neither lies."""
+    with service.client() as client:
+        idle, loaded = (client.register({"name": n, "host": n, "backend": "cpu"}) for n in ("idle", "loaded"))
+        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
+        claim = measure_up_to_finalists(service, client, loaded)
+        final = service.wait_until(lambda: client.claim(idle), timeout_s=30, what="the idle worker's claim")
+        assert final.trial_id == claim.trial_id
+        client.report(idle, final, measurements=[FAST] * len(final.proposal.configs))
+        assert service.wait_for_job(job_id).status == "succeeded"
+        trials = client.all_trials(job_id)
+        assert all(t.suspect is None and t.state == "complete" for t in trials), trials
+        assert len({t.optuna_trial_number for t in trials}) == len(trials)  # nothing measured twice
 
 
 def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_another_worker_remeasures_it(
