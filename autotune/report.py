@@ -7,13 +7,17 @@ same interleaved finalist batch, so that gain is not an artefact of measuring th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
-from autotune.local import TuneReport
 from autotune.tuner.gpu import CPU
 from autotune.tuner.outcome import SlotOutcome
 from search_spaces.consumers import ConsumerChoice, describe, switch_lines
 from search_spaces.export import ALTERNATIVES_SHOWN
+
+if TYPE_CHECKING:  # the tuning run (Optuna, SQLAlchemy) is not loaded by the commands that only print a report
+    from autotune.local import TuneReport
 
 COLUMNS = (
     "slot",

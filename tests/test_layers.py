@@ -130,3 +130,32 @@ def test_load_ub_cfgs_from_a_preset_file_loads_no_service_library() -> None:
         "assert cfgs['qkv_fprop']['method']"
     )
     assert _loaded_after(code) == set()
+
+
+@pytest.mark.parametrize(
+    ("argv", "allowed"),
+    [
+        (
+            [
+                "preset",
+                "validate",
+                str(ROOT / "search_spaces" / "nvidia_presets" / "nemo" / "ub_cfg_h100_h12288_tp4_mbs1_seqlen2048.yaml"),
+            ],
+            {"typer", "rich"},
+        ),
+        (["submit", "--help"], {"typer", "rich", "httpx"}),
+        (["worker", "--help"], {"typer", "rich", "httpx"}),
+    ],
+    ids=["preset validate", "submit", "worker"],
+)
+def test_a_command_loads_only_the_libraries_it_uses(argv: list[str], allowed: set[str]) -> None:
+    """The CLI imports a command's module when the command runs: a preset check starts without the controller,
+    the database or the tuner, a client or worker without the controller and the database."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from autotune.cli.app import main\n"
+        f"sys.argv = ['autotune', *{argv!r}]\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main()"
+    )
+    assert _loaded_after(code) <= allowed

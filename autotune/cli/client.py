@@ -353,7 +353,9 @@ def cancel(
     typer.echo(job.model_dump_json(indent=2) if as_json else f"job {job.id}: {job.status}")
 
 
-workers_app = typer.Typer(no_args_is_help=True, help="Manage the controller's registered workers.")
+workers_app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Manage the controller's registered workers."
+)
 AdminToken = Annotated[
     str | None,
     typer.Option(

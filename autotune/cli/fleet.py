@@ -15,7 +15,11 @@ from autotune.fleet.k8s import K8sFleet, manifest
 from autotune.fleet.slurm import SlurmFleet, sbatch_script
 from autotune.fleet.worker_command import FleetWorker
 
-app = typer.Typer(no_args_is_help=True, help="Print a Slurm sbatch script or a Kubernetes Job that runs workers.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Print a Slurm sbatch script or a Kubernetes Job that runs workers.",
+)
 
 Backend = Annotated[str, typer.Option(help="cuda | te | cpu: what every worker measures on")]
 ExitWhenIdle = Annotated[

@@ -11,13 +11,14 @@ import os
 import secrets
 from pathlib import Path
 
-from storage import default_sqlite_path
-
 TOKEN_FILE_NAME = "token"
 TOKEN_BYTES = 32
 
 
 def token_path() -> Path:
+    # Storage (SQLAlchemy, Optuna) is loaded only when the file is needed: a command given a token starts without it.
+    from storage import default_sqlite_path
+
     return default_sqlite_path().parent / TOKEN_FILE_NAME
 
 

@@ -31,7 +31,7 @@ from search_spaces.consumers import Consumer, check, rendered, why
 from search_spaces.formats import exported_of
 from search_spaces.ours import OursPreset, write_ours
 
-app = typer.Typer(no_args_is_help=True, help="Check and convert TE userbuffers presets.")
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Check and convert TE userbuffers presets.")
 
 PresetFile = Annotated[
     Path,
