@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Query, Request, status
@@ -67,6 +67,17 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         session.close()
 
 
+async def get_wake(request: Request) -> Callable[[], None]:
+    """Wakes this process's scheduler for a pass now (`SchedulerThread.wake`); does nothing where the process runs
+    none (``AUTOTUNE_SCHEDULER=false``): the leader elsewhere sees the change at its next pass."""
+    loop = request.app.state.scheduler
+    return _nothing if loop is None else loop.wake
+
+
+def _nothing() -> None:
+    pass
+
+
 async def get_registry(request: Request) -> PresetRegistry:
     return request.app.state.registry
 
@@ -87,6 +98,7 @@ async def get_metrics(request: Request) -> Metrics:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 SessionsDep = Annotated[sessionmaker[Session], Depends(get_sessions)]
+WakeDep = Annotated[Callable[[], None], Depends(get_wake)]
 RegistryDep = Annotated[PresetRegistry, Depends(get_registry)]
 BestCacheDep = Annotated[AnswerCache, Depends(get_best_cache)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]

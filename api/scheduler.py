@@ -357,8 +357,13 @@ class Scheduler:
         )
 
 
+WAKE_GAP_S = 0.05
+"""The least time between a pass and one a `SchedulerThread.wake` asked for: a burst of wakes (many workers
+reporting at once) is served by one pass, not one each."""
+
+
 class SchedulerThread:
-    """Runs `Scheduler.tick` every ``interval_s`` on a daemon thread until `stop`."""
+    """Runs `Scheduler.tick` every ``interval_s`` on a daemon thread until `stop`, and at once when `wake`d."""
 
     def __init__(
         self, *, engine: Engine, interval_s: float, heartbeat_timeout_s: float, queue_depth: int, leader_ttl_s: float
@@ -368,14 +373,22 @@ class SchedulerThread:
         )
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def wake(self) -> None:
+        """Run a pass now rather than at the interval's end: a route changed what the scheduler acts on (a job
+        submitted or cancelled, a trial claimed, reported or released), so the next step need not wait.  A pass
+        under way is followed by another, which sees the change."""
+        self._wake.set()
+
     def stop(self) -> None:
         """Finish the pass under way, then hand the lease over so another controller need not wait it out."""
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         try:
             self.scheduler.resign()
@@ -384,6 +397,7 @@ class SchedulerThread:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()
             try:
                 self.scheduler.tick()
             except TRANSIENT as e:  # the loop must outlive a database outage; the next pass retries
@@ -391,7 +405,8 @@ class SchedulerThread:
                 storage.reclaim(engine=self.scheduler.engine)  # a full disk gets the WAL's space back
             except Exception:
                 self.scheduler.outages.warning("bug", "scheduler pass failed", traceback=True)
-            self._stop.wait(self.interval_s)
+            if self._wake.wait(self.interval_s):
+                self._stop.wait(WAKE_GAP_S)
 
 
 def _cause(error: BaseException) -> str:

@@ -55,8 +55,9 @@ class Settings(BaseSettings):
     scheduler: bool = True
     """Run the scheduler loop in this process: it schedules (ask/tell, lease sweeps) while it holds the
     scheduler lease, shared by every controller on the database; false keeps this one out (API only)."""
-    scheduler_interval_s: float = Field(default=0.25, gt=0)
-    """Pause between scheduler passes: the latency from a worker's report to the next proposal."""
+    scheduler_interval_s: float = Field(default=1.0, gt=0)
+    """Longest pause between scheduler passes: how soon expired leases and lost workers are seen, and requests
+    another controller process took; a request this process takes wakes its scheduler at once."""
     leader_ttl_s: float = Field(default=10.0, gt=0)
     """The scheduler lease: its holder renews it every pass; a holder silent this long is replaced."""
     best_cache_s: float = Field(default=1.0, ge=0)

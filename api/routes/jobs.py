@@ -18,7 +18,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlalchemy.orm import Session, sessionmaker
 
 import storage
-from api.deps import Authorized, SessionDep, SettingsDep
+from api.deps import Authorized, SessionDep, SettingsDep, WakeDep
 from api.errors import error
 from api.events import RETRY_AFTER_S as STREAMS_RETRY_AFTER_S
 from api.events import JobFeed, StreamsFull, Subscription
@@ -52,7 +52,9 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "descr
     dependencies=[Authorized],
     responses={401: {"model": ErrorPublic}, 422: {"model": ErrorPublic}},
 )
-def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep, response: Response) -> JobAccepted:
+def submit_job(
+    body: JobCreate, session: SessionDep, settings: SettingsDep, response: Response, wake: WakeDep
+) -> JobAccepted:
     """Queue a tuning job; poll ``Location`` (or follow its ``/events``) until it has finished."""
     shape = body.shape.to_shape()
     slots = tunable_slots(shape, body.layers)
@@ -69,6 +71,7 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep, resp
         measure_first=_measure_first(body, shape=shape, slots=slots, backend=backend),
         consumer=None if body.consumer is None else body.consumer.value,
     )
+    wake()  # the job starts in this pass rather than at the next interval
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return JobAccepted(id=job.id, status=job.status.value)
@@ -129,9 +132,10 @@ def get_job(job_id: uuid.UUID, session: SessionDep) -> JobPublic:
     dependencies=[Authorized],
     responses={**NOT_FOUND, 401: {"model": ErrorPublic}, 409: {"model": ErrorPublic}},
 )
-def cancel_job(job_id: uuid.UUID, session: SessionDep) -> JobPublic:
+def cancel_job(job_id: uuid.UUID, session: SessionDep, wake: WakeDep) -> JobPublic:
     """Stop handing out the job's trials; running ones finish and are kept. 409 if it already finished."""
     job = storage.cancel_job(session=session, job_id=str(job_id))
+    wake()
     return job_view(session=session, job=job)
 
 

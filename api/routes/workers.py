@@ -22,7 +22,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response, status
 
 import storage
-from api.deps import Admin, BestCacheDep, LeaseNonce, MetricsDep, Registration, SessionDep, SettingsDep, WorkerId
+from api.deps import (
+    Admin,
+    BestCacheDep,
+    LeaseNonce,
+    MetricsDep,
+    Registration,
+    SessionDep,
+    SettingsDep,
+    WakeDep,
+    WorkerId,
+)
 from api.schemas import (
     ClaimPublic,
     EnrolmentCreate,
@@ -116,11 +126,12 @@ def enrol(body: EnrolmentCreate, session: SessionDep) -> EnrolmentCreated:
 @router.delete(
     "/{worker_id:uuid}", dependencies=[Admin], responses={401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}}
 )
-def revoke_worker(worker_id: uuid.UUID, session: SessionDep, best_cache: BestCacheDep) -> WorkerRevoked:
+def revoke_worker(worker_id: uuid.UUID, session: SessionDep, best_cache: BestCacheDep, wake: WakeDep) -> WorkerRevoked:
     """Revoke a worker: its secret ends (its next call is a 401), its leased trials wait again for other
     workers, and its complete trials are withdrawn from the studies and the winners (`storage.revocation`)."""
     revoked = storage.revoke_worker(session=session, worker_id=str(worker_id))
     best_cache.clear()  # this process answers /v1/best from the winners left at once; others within the cache's ttl
+    wake()
     return WorkerRevoked(**dataclasses.asdict(revoked))
 
 
@@ -141,11 +152,12 @@ def stop(worker_id: WorkerId, session: SessionDep) -> WorkerPublic:
     response_model=ClaimPublic,
     responses={**ERRORS, 204: {"description": "Nothing this worker can run now"}},
 )
-def claim(worker_id: WorkerId, session: SessionDep, settings: SettingsDep) -> Response | ClaimPublic:
+def claim(worker_id: WorkerId, session: SessionDep, settings: SettingsDep, wake: WakeDep) -> Response | ClaimPublic:
     """The oldest waiting trial this worker can run (backend, GPU model, tp), leased to it; 204 when none."""
     got = storage.claim_trial(session=session, worker_id=worker_id, lease=timedelta(seconds=settings.lease_s))
     if got is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
+    wake()  # the queue of waiting trials is one shorter: the scheduler tops it up for the other workers
     assert got.trial.lease_expires_at is not None  # claim_trial leases what it returns
     return ClaimPublic(
         trial_id=got.trial.id,
@@ -172,10 +184,13 @@ def renew(
 
 
 @router.post("/{worker_id}/trials/{trial_id}/release", responses=ERRORS)
-def release(worker_id: WorkerId, trial_id: TrialId, nonce: LeaseNonce, session: SessionDep) -> TrialPublicState:
+def release(
+    worker_id: WorkerId, trial_id: TrialId, nonce: LeaseNonce, session: SessionDep, wake: WakeDep
+) -> TrialPublicState:
     """Hand the leased trial back to the queue now (a worker told to stop), rather than at its lease's end;
     409 once the worker no longer holds it."""
     trial = storage.release_trial(session=session, trial_id=trial_id, worker_id=worker_id, nonce=nonce)
+    wake()
     return TrialPublicState(id=trial.id, state=trial.state.value)
 
 
@@ -187,6 +202,7 @@ def report(
     body: TrialReport,
     session: SessionDep,
     metrics: MetricsDep,
+    wake: WakeDep,
 ) -> TrialPublicState:
     """Store the measurements (one per proposed config, in order) or the failure; 409 if the lease was lost,
     422 for a measurement no GPU could have made (`check_physical`, naming the field)."""
@@ -200,6 +216,7 @@ def report(
             session=session, trial_id=trial_id, reason=body.failure, worker_id=worker_id, nonce=nonce
         )
         metrics.observe_trial(trial)
+        wake()
         return TrialPublicState(id=trial.id, state=trial.state.value)
     measurements = body.measurements or []
     trial = storage.get_trial(session=session, trial_id=trial_id)
@@ -234,4 +251,5 @@ def report(
         suspect=suspect,
     )
     metrics.observe_trial(trial)
+    wake()  # the study is told the result and asks for its next config in this pass, not the next interval's
     return TrialPublicState(id=trial.id, state=trial.state.value)
