@@ -119,6 +119,9 @@ def validate(
 
 def _validate_ours(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str], *, backend: str, steps: int,
                    warmup: int, rounds: int) -> Validation:  # fmt: skip
+    # A preset the backend cannot run is refused before torch loads or a rank starts; the GPU's own limits are
+    # checked in the group.
+    slot_configs(preset, shape, backend=backend)
     from overlap_runtime.group import TPGroup
     from overlap_runtime.harness import limits_task
     from overlap_runtime.transformer import Variant, step_task
