@@ -1,16 +1,18 @@
 """The runtime's front door: measure configs on a TP group that lives across many calls.
 
-Torch is imported only when a group runs (the harness, inside the rank processes and on first use), so the
-CLI and the service can import this module in well under a second.
+Torch is imported only when a group runs (the harness, inside the rank processes; in this process only to
+read a GPU's limits), so the CLI and the service can import this module in well under a second, and a
+measurement on the CPU backend costs this process no torch import at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from overlap_runtime.config import DeviceLimits, OverlapConfig, check_backend_size, check_config, problem
 from overlap_runtime.errors import ConfigError, ShapeError
-from overlap_runtime.group import TPGroup
+from overlap_runtime.group import RankContext, TPGroup
 from overlap_runtime.knobs import BACKENDS, RUNTIME_BACKENDS, TE
 from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.shape import ModelShape, Slot, fp8_misfit
@@ -48,8 +50,6 @@ class Runtime:
 
     def _measure_task(self) -> Callable[..., list[Measurement]]:
         """The rank task that measures a batch of configs (`harness.measure_task`'s arguments)."""
-        from overlap_runtime.harness import measure_task
-
         return measure_task
 
     def __enter__(self) -> Runtime:
@@ -133,6 +133,15 @@ class Runtime:
             timeout_s=timeout,
         )
         return results[0]
+
+
+def measure_task(ctx: RankContext, *args: Any, **kwargs: Any) -> list[Measurement]:
+    """`harness.measure_task`, imported by the rank that runs it: a task travels by name, so this one spares the
+    parent the import of torch (over a second of CPU for every `autotune measure` and `tune`).  It has the
+    harness's name, which the group's failure messages quote."""
+    from overlap_runtime import harness
+
+    return harness.measure_task(ctx, *args, **kwargs)
 
 
 def open_runtime(*, tp: int, backend: str, trial_timeout_s: float = 180.0) -> Runtime:
