@@ -16,10 +16,10 @@ heuristic was chosen looking at it:
   per repeat on top.
 
 It stands in for recordings, it is not one.  `fit` chooses the coefficients closest to recorded landscapes
-(the best of many draws from `Machine.draw`'s ranges), and `leave_one_out` says how far the model fitted on
-all but one recorded landscape is from the one left out (its rank correlation and median relative error):
-the error to expect on a slot nobody recorded.  The search benchmark builds its held-out landscapes from the
-model fitted on every recording and reports both.
+(the best of many draws from `Machine.draw`'s ranges); `fits` also gives, for each recorded landscape, the
+model fitted on all the others, and `error` says how far that is from the one left out (its rank correlation
+and median relative error): the error to expect on a slot nobody recorded.  The search benchmark builds its
+held-out landscapes from the model fitted on every recording and reports both.
 """
 
 from __future__ import annotations
@@ -221,30 +221,47 @@ def on_anchor(machine: Machine, anchor: Anchor) -> Machine:
     return machine if anchor.triton_ratio is None else dataclasses.replace(machine, triton_ratio=anchor.triton_ratio)
 
 
-def fit(recorded: Sequence[Recorded], *, draws: int = FIT_DRAWS, seed: int = 0) -> Machine:
-    """Of ``draws`` draws from `Machine.draw`'s ranges, the one whose times are closest to ``recorded``: the
-    smallest mean over the landscapes of the median relative error."""
+def fits(recorded: Sequence[Recorded], *, draws: int = FIT_DRAWS, seed: int = 0) -> tuple[Machine, list[Machine]]:
+    """Of ``draws`` draws from `Machine.draw`'s ranges, the one whose times are closest to ``recorded`` (the
+    smallest mean over the landscapes of the median relative error), and for each recorded landscape the one
+    closest to all the others (`cost_model_fit`'s leave-one-out).  Every draw's error on every landscape is
+    computed once and serves all of these choices."""
     rng = random.Random(f"fit/{seed}")
     candidates = [Machine.draw(rng, triton_ratio=None, reduce_scatter=bool(i % 2)) for i in range(draws)]
-    return min(candidates, key=lambda m: statistics.fmean(error(m, r)["median_rel_err"] for r in recorded))
+    errors = [[_median_rel_err(m, r) for r in recorded] for m in candidates]
+
+    def best(landscapes: Sequence[int]) -> Machine:
+        return candidates[min(range(draws), key=lambda i: statistics.fmean(errors[i][j] for j in landscapes))]
+
+    every = range(len(recorded))
+    return best(every), [best([k for k in every if k != j]) for j in every]
+
+
+def fit(recorded: Sequence[Recorded], *, draws: int = FIT_DRAWS, seed: int = 0) -> Machine:
+    """The draw closest to ``recorded`` (`fits`)."""
+    return fits(recorded, draws=draws, seed=seed)[0]
 
 
 def error(machine: Machine, recorded: Recorded) -> dict[str, float]:
     """How ``machine``'s times (without roughness and noise) compare with a recorded landscape: Spearman's
     rank correlation and the median relative error."""
+    model, truth = _times(machine, recorded)
+    return {"spearman": statistics.correlation(_ranks(model), _ranks(truth)), "median_rel_err": _median(model, truth)}
+
+
+def _median_rel_err(machine: Machine, recorded: Recorded) -> float:
+    """`error`'s median relative error alone: what `fits` ranks the draws by."""
+    return _median(*_times(machine, recorded))
+
+
+def _times(machine: Machine, recorded: Recorded) -> tuple[list[float], list[float]]:
+    """The model's and the recorded times of the recorded configs, in the same order."""
     machine = on_anchor(machine, recorded.anchor)
-    configs = list(recorded.times)
-    model = [model_ms(c, recorded.anchor, machine) for c in configs]
-    truth = [recorded.times[c] for c in configs]
-    return {
-        "spearman": statistics.correlation(_ranks(model), _ranks(truth)),
-        "median_rel_err": statistics.median(abs(a / b - 1) for a, b in zip(model, truth, strict=True)),
-    }
+    return [model_ms(c, recorded.anchor, machine) for c in recorded.times], list(recorded.times.values())
 
 
-def leave_one_out(recorded: Sequence[Recorded], *, draws: int = FIT_DRAWS) -> list[dict[str, Any]]:
-    """For each recorded landscape, the model fitted on the others, scored on it."""
-    return [{"landscape": r.name, **error(fit([o for o in recorded if o is not r], draws=draws), r)} for r in recorded]
+def _median(model: Sequence[float], truth: Sequence[float]) -> float:
+    return statistics.median(abs(a / b - 1) for a, b in zip(model, truth, strict=True))
 
 
 def landscape_dict(anchor: Anchor, *, seed: int, machine: Machine | None = None) -> dict[str, Any]:

@@ -329,8 +329,8 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def cost_model_fit(recorded: Sequence[cost_model.Recorded]) -> dict[str, Any]:
     """The model fitted to every recorded landscape, its error on each (in-sample), and the error of the model
     fitted on all but one on the one left out: what to expect of it on a slot nobody recorded."""
-    fitted = cost_model.fit(recorded)
-    out = cost_model.leave_one_out(recorded)
+    fitted, left_out = cost_model.fits(recorded)
+    out = [{"landscape": r.name, **cost_model.error(m, r)} for r, m in zip(recorded, left_out, strict=True)]
     return {
         "draws": cost_model.FIT_DRAWS,
         "machine": dataclasses.asdict(fitted),
