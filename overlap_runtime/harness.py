@@ -311,7 +311,9 @@ def measure_task(
     seed: int = 0,
     baselines: BaselineSource = BaselineSource.SAME_ROUNDS,
 ) -> list[Measurement]:
-    """Measure ``configs`` for ``slot`` of ``shape`` on this TP group; every rank returns the same list.
+    """Measure ``configs`` for ``slot`` of ``shape`` on this TP group; rank 0 returns the list, which is what
+    the caller reads (`Runtime.measure_many`), and the other ranks an empty one: scoring the same samples
+    again would cost each rank the bootstrap of every config's hidden interval.
 
     The configs are timed interleaved over ``rounds`` (A B C A B C ...), ``repeats`` per round, so slow drift
     of the machine (clocks, neighbours) hits every config alike.  Each config is scored against its own
@@ -343,6 +345,8 @@ def measure_task(
         gemm: p.baselines(baselines) if same_rounds else _cached(ctx, dev, p, seed, timing)
         for gemm, p in problems.items()
     }
+    if ctx.rank != 0:
+        return []
     limit = REL_ERR_LIMIT[shape.dtype]
     return [
         Measurement.measured(

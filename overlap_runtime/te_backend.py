@@ -344,7 +344,8 @@ def te_measure_task(
     seed: int = 0,
     baselines: BaselineSource = BaselineSource.SAME_ROUNDS,
 ) -> list[Measurement]:
-    """`harness.measure_task`'s contract, through TE (module docstring); every rank returns the same list."""
+    """`harness.measure_task`'s contract, through TE (module docstring); every rank returns the list (each
+    takes part in `_slowest`'s collective), and the caller reads rank 0's."""
     from overlap_runtime.harness import Timed, device_of, limits_task
 
     dev = device_of(ctx)
