@@ -1,6 +1,6 @@
 """A tensor-parallel group of worker processes, started by us, reused across many configs.
 
-One process per rank (NCCL on CUDA, gloo on CPU), started once; the parent sends each rank the same
+One process per rank (NCCL on CUDA, gloo on CPU), spawned once; the parent sends each rank the same
 task (a picklable module-level function and its arguments) over a pipe and collects one result per rank.
 A watchdog bounds every task: if any rank hangs past the timeout, dies, or raises, the whole group is
 killed and `TrialFailure` carries the reason; the next task starts a fresh group, so a bad config costs
@@ -10,27 +10,12 @@ a kernel's first launch with new constants can compile for many seconds on a fre
 config's first measurement took 51 s on the H200, most of it compiling), which a short trial timeout
 would take for a hang.
 
-Ranks start from multiprocessing's forkserver (spawn where the platform has none, Windows): a server process
-that imported torch once (`_PRELOAD`) forks each rank, so after a process's first group a rank starts in
-milliseconds, not in the second and a half that a fresh interpreter takes to import torch.  multiprocessing
-has one such server per process, shared with any other code of the process that starts forkserver processes:
-`_rank_context` sets its preload list (replacing one that other code set), which takes effect when the server
-starts; if other code started it first, our ranks import torch themselves.  Nothing in the server touches
-CUDA (a process forked from one that did cannot use it): each rank picks its GPU itself.  A forked rank
-inherits the server's environment, from when the server started, so the group hands each rank the whole
-environment of its parent at the group's start, which the rank makes its own before anything reads it but
-torch's import (in the server) and the parent's main module (which multiprocessing imports in every rank).
-
 The ranks never outlive the process that started them (a worker killed by ``kill -9``, an OOM kill, a lost
-node's agent): a thread in each rank blocks on a lifeline pipe whose only write end the parent holds, and
-ends the rank the moment that end closes.  On Linux the kernel also ends a rank whose threads cannot run
-(stuck in C code that holds the GIL): each rank asks for SIGKILL when its parent, the forkserver, exits
-(``PR_SET_PDEATHSIG``), and the server exits once every write end of its alive pipe has closed.  Our process
-holds one, and every forkserver child inherits one, which a rank closes as soon as it has asked for the
-signal: so the server cannot exit before the rank asked, nor wait for the rank once we are dead (other code's
-forkserver children, still alive, would keep it: then the lifeline alone ends the ranks).  The server's one
-thread forks every rank, so any of our threads may start a group.  SIGKILL and ``os._exit`` print nothing: a
-dead worker leaves no rank behind, and no traceback of a pipe that broke under it.
+node's agent): on Linux each rank asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``;
+the kernel means the parent *thread*, so start a group from a thread that outlives it), and on every
+platform a thread in each rank blocks on a lifeline pipe whose only write end the parent holds, and ends the
+rank the moment that end closes.  SIGKILL and ``os._exit`` print nothing: a dead worker leaves no rank
+behind, and no traceback of a pipe that broke under it.
 """
 
 from __future__ import annotations
@@ -108,11 +93,6 @@ Task = Callable[..., Any]
 PR_SET_PDEATHSIG = 1
 """prctl(2)'s option: the signal this process gets when its parent (thread) dies."""
 
-_PRELOAD = ["torch", "torch.distributed", __name__]
-"""What the forkserver imports once for every rank it forks: modules that touch no GPU when imported.  Not the
-default ``__main__`` (a script's top level may use CUDA) nor triton: `triton.jit` picks the interpreter from
-TRITON_INTERPRET when a kernel is defined, and a rank must read that from its group's environment."""
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -128,33 +108,12 @@ def signal_on_parent_death(sig: signal.Signals) -> bool:
     return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
-def _rank_context() -> mp.context.BaseContext:
-    """multiprocessing's forkserver, preloading `_PRELOAD`, or spawn where there is no forkserver (Windows)."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
-
-
-def _die_with_parent(lifeline: Connection) -> None:
-    """End this rank as soon as the process that started its group is gone (module docstring); called first thing
-    in a rank."""
+def _die_with_parent(parent_pid: int, lifeline: Connection) -> None:
+    """End this rank as soon as its parent is gone (module docstring); called first thing in a rank."""
     signal_on_parent_death(signal.SIGKILL)
-    _release_forkserver()
+    if os.getppid() != parent_pid:  # the parent died before the kernel was asked
+        os._exit(0)
     threading.Thread(target=_wait_for_eof, args=(lifeline,), name="lifeline", daemon=True).start()
-
-
-def _release_forkserver() -> None:
-    """Close this rank's copy of the write end of the forkserver's alive pipe, which every forkserver child
-    inherits and nothing in a rank uses (a forkserver of its own would be a new server): held, it would keep
-    the server, and so the rank's parent-death signal, waiting on the rank after our process died."""
-    from multiprocessing import forkserver
-
-    server: Any = forkserver._forkserver  # the fd has no public name (`_serve_one` sets it, Python 3.4 to 3.14)
-    if getattr(server, "_forkserver_alive_fd", None) is not None:  # None in a spawned rank
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
 
 
 def _wait_for_eof(lifeline: Connection) -> None:
@@ -171,14 +130,13 @@ def _rank_main(
     backend: str,
     port: int,
     conn: Connection,
-    environ: dict[str, str],
-    lifeline: Connection,
+    env: dict[str, str],
+    parent: tuple[int, Connection],
 ) -> None:
     """One rank: join the process group, then run the tasks that arrive on ``conn`` until told to stop.
-    ``environ``: the whole environment to run under; ``lifeline``: the read end of the parent's lifeline pipe."""
-    _die_with_parent(lifeline)
-    os.environ.clear()  # the forkserver's, from when it started
-    os.environ.update(environ)
+    ``parent``: the parent's pid and the read end of its lifeline pipe."""
+    _die_with_parent(*parent)
+    os.environ.update(_SAFE_ENV | env)
     import torch
     import torch.distributed as dist
 
@@ -261,8 +219,7 @@ class TPGroup:
         self.tp = tp
         self.backend = backend
         self.env = dict(env or {})
-        """Environment variables every rank sets before it imports anything but torch, so before CUDA, NCCL,
-        Triton or TE read theirs (the te backend's, `te_args.TE_ENV`)."""
+        """Environment variables every rank sets before it imports torch (the te backend's, `te_args.TE_ENV`)."""
         self.start_timeout_s = start_timeout_s
         self.compile_limit_s = compile_limit_s
         self._procs: list[mp.process.BaseProcess] = []
@@ -341,14 +298,15 @@ class TPGroup:
 
     def _start(self) -> None:
         self.close()
-        ctx = _rank_context()
+        ctx = mp.get_context("spawn")
         port = _free_port()
-        environ = dict(os.environ) | _SAFE_ENV | self.env
         lifeline, self._lifeline = ctx.Pipe(duplex=False)
         for rank in range(self.tp):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_rank_main, args=(rank, self.tp, self.backend, port, child, environ, lifeline), daemon=True
+                target=_rank_main,
+                args=(rank, self.tp, self.backend, port, child, self.env, (os.getpid(), lifeline)),
+                daemon=True,
             )
             proc.start()
             child.close()

@@ -37,8 +37,7 @@ TE_ENV: Mapping[str, str] = MappingProxyType(
         "NCCL_NVLS_ENABLE": "0",
     }
 )
-"""What every rank of a ``te`` group runs under, set before TE is imported and CUDA or NCCL starts (torch itself
-comes imported from the group's forkserver, and reads none of these at import)."""
+"""What every rank of a ``te`` group runs under, set before torch or TE is imported."""
 BOOTSTRAP_BACKEND = "gloo"
 """How ``initialize_ub`` exchanges the userbuffers handles: a gloo group (TE makes a new one per call, and a
 tuning run re-initializes often: a gloo group costs sockets, an NCCL one GPU memory)."""

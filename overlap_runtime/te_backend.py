@@ -18,9 +18,9 @@ them whenever the config changes (``destroy_ub`` then ``initialize_ub``); a conf
 same entry reuses them, and method none and the baselines run on whatever is initialized (their modules read
 no userbuffers).  The time spent is each measurement's ``ub_init_ms``.
 
-Ranks run in the project's TP group (`group.TPGroup`, NCCL) with `te_args.TE_ENV` set before CUDA starts:
+Ranks run in the project's TP group (`group.TPGroup`, NCCL) with `te_args.TE_ENV` set before torch loads:
 ``UB_SKIPMC=1`` (never multicast), ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (TE's ordering on Hopper),
-``NCCL_NVLS_ENABLE=0``.  TE is imported inside the ranks only; without TE, `require_te` fails at
+``NCCL_NVLS_ENABLE=0``.  Torch and TE are imported inside the ranks only; without TE, `require_te` fails at
 once with what to install.
 
 `te_layer_step_ms` times a whole ``te.TransformerLayer`` step (forward and backward) for ``autotune validate``.
