@@ -36,7 +36,7 @@ WORKER_TOKEN = "test-worker-token"
 FAST_ENV = {
     "AUTOTUNE_LEASE_S": "3",
     "AUTOTUNE_HEARTBEAT_TIMEOUT_S": "5",
-    "AUTOTUNE_SCHEDULER_INTERVAL_S": "0.5",  # requests wake the scheduler; this bounds lease sweeps
+    "AUTOTUNE_SCHEDULER_INTERVAL_S": "0.1",
     "AUTOTUNE_LEADER_TTL_S": "3",
 }
 CLI_HEARTBEAT_TIMEOUT_S = 600
