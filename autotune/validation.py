@@ -24,7 +24,7 @@ from overlap_runtime.runtime import available_gpus
 from overlap_runtime.shape import ModelShape
 from overlap_runtime.uncertainty import spread
 from search_spaces.consumers import Consumer, check, layer_arguments, why
-from search_spaces.formats import read_preset
+from search_spaces.formats import read_file, read_preset
 from search_spaces.layer_configs import slot_configs, te_defaults
 from search_spaces.presets import Preset
 from search_spaces.registry import nearest
@@ -120,8 +120,9 @@ def validate(
 def _validate_ours(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str], *, backend: str, steps: int,
                    warmup: int, rounds: int) -> Validation:  # fmt: skip
     # A preset the backend cannot run is refused before torch loads or a rank starts; the GPU's own limits are
-    # checked in the group.
-    slot_configs(preset, shape, backend=backend)
+    # checked in the group.  The file is read once for both checks.
+    read = read_file(preset)
+    slot_configs(read, shape, backend=backend)
     from overlap_runtime.group import TPGroup
     from overlap_runtime.harness import limits_task
     from overlap_runtime.transformer import Variant, step_task
@@ -132,7 +133,7 @@ def _validate_ours(preset: Path, shape: ModelShape, nvidia: Any, notes: list[str
         fallback = slot_configs(nvidia, shape, strict=False, **kw)
         notes += [f"nvidia: {note}" for note in fallback.notes]
         overlaps: dict[str, TransformerOverlap] = {
-            PRESET: slot_configs(preset, shape, **kw).layers(),
+            PRESET: slot_configs(read, shape, **kw).layers(),
             NO_OVERLAP: TransformerOverlap(),
             TE_DEFAULT: te_defaults(shape, **kw),
             NVIDIA: fallback.layers(),

@@ -56,7 +56,7 @@ def layer_configs_from_preset(
 
 
 def slot_configs(
-    source: str | Path | Mapping[Any, Any] | Preset,
+    source: str | Path | Mapping[Any, Any] | Preset | OursPreset,
     shape: ModelShape,
     *,
     backend: str,
