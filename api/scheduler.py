@@ -20,7 +20,7 @@ through `SlotStudy.outstanding` and are queued again.
 One scheduler drives a database at a time, chosen by the database: every controller process (several
 controllers behind a load balancer, and every process of ``autotune serve --workers N``) runs this loop, and
 each pass begins by claiming the scheduler lease (`api.leadership`, `storage.leader`).  The holder renews
-it on every pass and does the work above; the others only check, once a pass, whether the lease ran out, and
+it once half of it has gone by and does the work above; the others only check, once a pass, whether the lease ran out, and
 take over when it did: within ``AUTOTUNE_LEADER_TTL_S`` (10 s) of a holder that was killed, at once after one
 that stopped cleanly.  A process that takes the lease (or takes it back after losing it) forgets every study it
 held and rebuilds them as after a restart, since another process may have told them since.  A standby builds no
@@ -133,7 +133,10 @@ class Scheduler:
 
     def _lead(self, session: Session) -> bool:
         """Claim the lease; on a new term, drop what this process remembers of the studies (module docstring)."""
-        term = self.leadership.claim(session=session)
+        # The holder writes the lease only once half of it has gone by: nobody can take it before it runs out,
+        # and a write on every pass was most of what an idle pass cost.
+        leadership = self.leadership
+        term = leadership.keep(session=session) if leadership.leading else leadership.claim(session=session)
         if term != self._term:
             self._slots.clear()
             self._errors.clear()

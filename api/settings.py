@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     """Longest pause between scheduler passes: how soon expired leases and lost workers are seen, and requests
     another controller process took; a request this process takes wakes its scheduler at once."""
     leader_ttl_s: float = Field(default=10.0, gt=0)
-    """The scheduler lease: its holder renews it every pass; a holder silent this long is replaced."""
+    """The scheduler lease: its holder renews it once half of it has gone by; a holder silent this long is replaced."""
     best_cache_s: float = Field(default=1.0, ge=0)
     """How long a ``GET /v1/best`` answer is served from memory (`api.cache`); 0 reads the database every time."""
     max_streams: int = Field(default=1000, ge=1, le=100_000)
@@ -113,8 +113,8 @@ class Settings(BaseSettings):
                 raise InputError("admin_token", f"must differ from {name}: revoking workers is a power of its own")
 
     def check_scheduler(self) -> None:
-        """Raise `InputError` unless the lease outlasts a few passes: a holder renews it once per pass, so a
-        lease shorter than that would change hands between passes of a healthy holder."""
+        """Raise `InputError` unless the lease outlasts a few passes: a holder renews it on its first pass after
+        half of it, so a lease shorter than that would change hands between passes of a healthy holder."""
         if self.scheduler and self.leader_ttl_s < LEASE_PASSES * self.scheduler_interval_s:
             raise InputError(
                 "leader_ttl_s",
