@@ -31,8 +31,9 @@ test: $(STAMP) $(CHROMIUM) $(SLURM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	# Four test files at a time: most of the suite waits on controllers, workers and rank processes, not on the CPU.
-	$(BIN)/pytest -q -n 4 --dist loadfile
+	# Four test files at a time, the longest first (tests/conftest.py): most of the suite waits on controllers,
+	# workers and rank processes, not on the CPU.
+	$(BIN)/pytest -q -n 4 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .
