@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from overlap_runtime.measurement import Baselines, BaselineSource, Measurement
+from overlap_runtime.errors import InputError
+from overlap_runtime.measurement import Baselines, BaselineSource, Measurement, check_physical
 from overlap_runtime.shape import Collective, ModelShape
 from overlap_runtime.uncertainty import Series
 
@@ -57,6 +58,15 @@ NOISY_CPU = measured(
 """The shape of the false refusal of issue 29: overlap 15.10 ms, cached baselines timed under heavier load
 (the old floor, the gemm's fastest x 0.8 less the overlap's standard deviation, was 16.95 ms)."""
 
+STARVED_PEER = measured(
+    overlap=[3.61, 3.64, 3.60, 3.62],
+    gemm=[0.41, 0.43, 0.40, 0.42],
+    comm=[3.54, 3.56, 3.55, 3.57],
+    serial=[0.80, 0.82, 0.81, 0.83],
+)
+"""A CPU result whose cached collective baseline was timed while the peer rank waited for a core: every repeat
+3.5 ms, four times the serial run that holds the same collective (a loaded 2-core machine's, 0.82 ms)."""
+
 
 def with_baseline(name: str, samples: list[float]) -> dict[str, Any]:
     baselines = {**GENUINE["baselines"], name: {**GENUINE["baselines"][name], "samples": samples}}
@@ -88,6 +98,17 @@ LIES: list[tuple[str, dict[str, Any], str]] = [
         "overlap_ms",
     ),
 ]
+
+
+def test_only_the_gemm_bounds_a_cpu_serial_run_while_a_gpu_one_is_bounded_by_its_collective_too() -> None:
+    check_physical(STARVED_PEER, backend="cpu", dtype="bf16")
+    with pytest.raises(InputError, match="the longer of gemm_ms and comm_ms") as refused:
+        check_physical(STARVED_PEER, backend="cuda", dtype="bf16")
+    assert refused.value.field == "serial_ms"
+    below_gemm = measured(overlap=[1.02] * 4, gemm=[0.41] * 4, comm=[3.55] * 4, serial=[0.2] * 4)
+    with pytest.raises(InputError, match="cannot be below gemm_ms") as refused:
+        check_physical(below_gemm, backend="cpu", dtype="bf16")
+    assert refused.value.field == "serial_ms"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
