@@ -397,8 +397,7 @@ def _persistent_matmul_kernel(
 def split_tail(a, b, c, scales, scratch, first_tile, tail, grid, dims, stride_a, stride_b, stride_c, C: tl.constexpr):
     """The last ``tail`` = (tail_tiles, splits) tiles (from ``first_tile``), each cut along K into ``splits``
     equal parts: program ``t + s * tail_tiles`` computes part s of tail tile t (`tail_part`), so the part-empty
-    last wave becomes ``splits`` times shorter, and whichever part arrives last stores the tile (`hand_in`,
-    `store_parts`).
+    last wave becomes ``splits`` times shorter, and whichever part arrives last stores the tile (`add_parts`).
     Programs with the same s read the same K range of neighbouring tiles at the same time (L2 reuse, which
     an even stream-K spread of K steps loses: measured 1.7x slower per step)."""
     M, N, K = dims
@@ -408,8 +407,9 @@ def split_tail(a, b, c, scales, scratch, first_tile, tail, grid, dims, stride_a,
         pid_m, pid_n = tile_position(first_tile + t, grid, C.GROUP_M)
         off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
         acc = partial_product(a, b, off, ks, dims, stride_a, stride_b, scales, C)
-        if hand_in(scratch, tail, acc, pid, t, C):
-            store_parts(c, off, (M, N), stride_c, scratch, tail, t, C)
+        last, total = add_parts(scratch, tail, acc, pid, t, C)
+        if last:
+            store_tile(c, off, (M, N), stride_c, total, C, C.TMA)
 
 
 @triton.jit
@@ -442,12 +442,15 @@ def add_parts(scratch, tail, acc, pid, t, C: tl.constexpr):
     others in split order (its part and the sum both held in registers: split tails at 4 parts no faster
     than none at all, 2048x2560x5120 BF16 0.64 of the library's speed against 0.80).
     """
-    partials = scratch[0]
+    partials, locks = scratch
     tail_tiles, splits = tail
     local = tl.arange(0, C.BLOCK_M)[:, None] * C.BLOCK_N + tl.arange(0, C.BLOCK_N)[None, :]
-    last = hand_in(scratch, tail, acc, pid, t, C)
+    tl.store(partials + pid * (C.BLOCK_M * C.BLOCK_N) + local, acc)
+    tl.debug_barrier()  # the whole part is stored before the count publishes it
+    last = tl.atomic_add(locks + t, 1, sem="acq_rel", scope="gpu") == splits - 1
     total = acc
     if last:
+        tl.debug_barrier()  # every thread reads after the acquire
         if splits == 2:
             other = t + (1 - pid // tail_tiles) * tail_tiles
             total = acc + tl.load(partials + other * (C.BLOCK_M * C.BLOCK_N) + local, cache_modifier=".cg")
@@ -457,61 +460,8 @@ def add_parts(scratch, tail, acc, pid, t, C: tl.constexpr):
                 total += tl.load(
                     partials + (t + q * tail_tiles) * (C.BLOCK_M * C.BLOCK_N) + local, cache_modifier=".cg"
                 )
-    return last, total
-
-
-@triton.jit
-def hand_in(scratch, tail, acc, pid, t, C: tl.constexpr):
-    """Store program ``pid``'s part ``acc`` of tail tile t in ``scratch`` = (partials, locks) and count it
-    (`add_parts`); returns whether it arrived last, in which case the tile's counter is already reset to 0
-    for the next launch and every part may be read."""
-    partials, locks = scratch
-    splits = tail[1]
-    local = tl.arange(0, C.BLOCK_M)[:, None] * C.BLOCK_N + tl.arange(0, C.BLOCK_N)[None, :]
-    tl.store(partials + pid * (C.BLOCK_M * C.BLOCK_N) + local, acc)
-    tl.debug_barrier()  # the whole part is stored before the count publishes it
-    last = tl.atomic_add(locks + t, 1, sem="acq_rel", scope="gpu") == splits - 1
-    if last:
-        tl.debug_barrier()  # every thread reads after the acquire
         tl.store(locks + t, 0)
-    return last
-
-
-@triton.jit
-def store_parts(c, off, bounds, strides, scratch, tail, t, C: tl.constexpr):
-    """``c[off_m:, off_n:]`` = the sum of tail tile t's parts in ``scratch`` (after `hand_in` returned True),
-    one column half at a time, each added in split order and stored as `store_tile` stores it.
-
-    The plain matmul's fix-up (`split_tail`): a half of the sum and a half of a part take the registers that
-    one fp32 tile takes, where `add_parts`'s whole tiles needed two of them.  One H100 (a sweep of
-    `bench/gemm_bench.py`'s worst split-tail shapes, 2026-12-05): the heuristic's pick went from 0.855 to 0.881
-    of ``torch._scaled_mm``'s speed on 3456x2560x8192 FP8, 0.906 -> 0.922 on 3840x2560x8192 FP8, 0.939 ->
-    0.951 on 3456x2560x8192 BF16, and by -0.2% to +1.4% on the others: a small gain, not the 0.95 those shapes
-    need.  The fix-up is not what costs most: on 2048x2560x5120 BF16 (0.80 either way) the 4-part last round
-    took as long as 50 K steps of a whole tile, for 20 steps of MMAs.
-    """
-    partials = scratch[0]
-    tail_tiles, splits = tail
-    off_m, off_n = off
-    HALF: tl.constexpr = C.BLOCK_N // 2
-    local = tl.arange(0, C.BLOCK_M)[:, None] * C.BLOCK_N + tl.arange(0, HALF)[None, :]
-    for h in tl.static_range(2):
-        total = tl.full((C.BLOCK_M, HALF), 0.0, dtype=tl.float32)
-        for q in range(0, splits):
-            total += tl.load(
-                partials + (t + q * tail_tiles) * (C.BLOCK_M * C.BLOCK_N) + h * HALF + local, cache_modifier=".cg"
-            )
-        if C.TMA:
-            c.store([off_m, off_n + h * HALF], total.to(c.dtype))
-        else:
-            rows, cols = bounds
-            offs_m = off_m + tl.arange(0, C.BLOCK_M)
-            offs_n = off_n + h * HALF + tl.arange(0, HALF)
-            c_ptrs = c + offs_m[:, None] * strides[0] + offs_n[None, :] * strides[1]
-            if C.EVEN_M and C.EVEN_N:
-                tl.store(c_ptrs, total.to(c.dtype.element_ty))
-            else:
-                tl.store(c_ptrs, total.to(c.dtype.element_ty), mask=(offs_m < rows)[:, None] & (offs_n < cols)[None, :])
+    return last, total
 
 
 def tail_splits(tiles: int, gemm_sms: int, steps: int) -> int:
