@@ -163,9 +163,10 @@ def age(file: str, code: Sequence[str]) -> str:
             git("cat-file", "-e", f"{since}^{{commit}}")
         except subprocess.CalledProcessError:
             return f"{start}, which is not in this repository's history."
-    later = git("rev-list", "--reverse", "--topo-order", f"{since}..HEAD", "--", *code).split()
-    if not later:
+    # By content, not by commits: a change that was reverted leaves the code as it was measured.
+    if not git("diff", "--name-only", since, "HEAD", "--", *code).split():
         return f"{start}; {paths} have not changed since."
+    later = git("rev-list", "--reverse", "--topo-order", f"{since}..HEAD", "--", *code).split()
     return f"{start}, before later changes to {paths} (from `{later[0][:7]}` on)."
 
 
