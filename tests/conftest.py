@@ -5,7 +5,8 @@
 else to do, so files go out longest first, by the seconds each took last time it was measured
 (`DURATIONS`); a file with no measurement yet goes last, in its usual order.
 
-``pytest --store-durations`` (with or without ``-n``) writes what this run measured back to `DURATIONS`.
+``pytest --store-durations`` (with or without ``-n``) writes the seconds of the files this run measured into
+`DURATIONS`, keeping the other files' (so a run of one file updates that file's only).
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ def _file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def _known() -> dict[str, float]:
+    return json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    seconds: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    seconds = _known()
     items.sort(key=lambda item: -seconds.get(_file(item.nodeid), 0.0))  # stable: a file's tests keep their order
 
 
@@ -49,8 +54,9 @@ class _Recorder:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if exitstatus == pytest.ExitCode.OK:  # a run cut short measures only part of its files
-            ordered = dict(sorted((name, round(s, 1)) for name, s in self.seconds.items()))
-            DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
+            known = _known()
+            known |= {name: round(s, 1) for name, s in self.seconds.items()}
+            DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:
