@@ -17,13 +17,13 @@ Surviving a restart: the tuner keeps all its state in Optuna's storage in the sa
 proposals the tuner handed out but which never became a trial row (the controller died in between) come back
 through `SlotStudy.outstanding` and are queued again.
 
-One scheduler drives a database at a time, chosen by the database: every controller process (several
-controllers behind a load balancer, and every process of ``autotune serve --workers N``) runs this loop, and
-each pass begins by claiming the scheduler lease (`api.leadership`, `storage.leader`).  The holder renews
-it once half of it has gone by and does the work above; the others only check, once a pass, whether the lease ran out, and
-take over when it did: within ``AUTOTUNE_LEADER_TTL_S`` (10 s) of a holder that was killed, at once after one
-that stopped cleanly.  A process that takes the lease (or takes it back after losing it) forgets every study it
-held and rebuilds them as after a restart, since another process may have told them since.  A standby builds no
+One scheduler drives a database at a time, chosen by the database: every controller process (several controllers
+behind a load balancer, and every process of ``autotune serve --workers N``) runs this loop, and each pass
+begins by claiming the scheduler lease (`api.leadership`, `storage.leader`).  The holder renews it once half of
+it has gone by and does the work above; the others only check, once a pass, whether the lease ran out, and take
+over when it did: within ``AUTOTUNE_LEADER_TTL_S`` (10 s) of a holder that was killed, at once after one that
+stopped cleanly.  A process that takes the lease (or takes it back after losing it) forgets every study it held
+and rebuilds them as after a restart, since another process may have told them since.  A standby builds no
 Optuna storage and holds one database connection.  ``AUTOTUNE_SCHEDULER=false`` keeps a controller out of the
 running altogether (an API-only replica).
 """
