@@ -1,6 +1,6 @@
 """A tensor-parallel group of worker processes, started by us, reused across many configs.
 
-One process per rank (NCCL on CUDA, gloo on CPU), spawned once; the parent sends each rank the same
+One process per rank (NCCL on CUDA, gloo on CPU), started once; the parent sends each rank the same
 task (a picklable module-level function and its arguments) over a pipe and collects one result per rank.
 A watchdog bounds every task: if any rank hangs past the timeout, dies, or raises, the whole group is
 killed and `TrialFailure` carries the reason; the next task starts a fresh group, so a bad config costs
@@ -10,12 +10,17 @@ a kernel's first launch with new constants can compile for many seconds on a fre
 config's first measurement took 51 s on the H200, most of it compiling), which a short trial timeout
 would take for a hang.
 
+Only rank 0 is spawned: it imports torch, then forks the other ranks from itself before it starts any thread
+or touches a device, so a group (and its restart after a failed config) pays one torch import instead of ``tp``
+(about 3 CPU-seconds each).  Rank 0 reaps the ranks it forked and reports their exit codes to the parent.
+
 The ranks never outlive the process that started them (a worker killed by ``kill -9``, an OOM kill, a lost
 node's agent): on Linux each rank asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``;
-the kernel means the parent *thread*, so start a group from a thread that outlives it), and on every
-platform a thread in each rank blocks on a lifeline pipe whose only write end the parent holds, and ends the
-rank the moment that end closes.  SIGKILL and ``os._exit`` print nothing: a dead worker leaves no rank
-behind, and no traceback of a pipe that broke under it.
+the kernel means the parent *thread*, so start a group from a thread that outlives it; a forked rank's parent
+is rank 0, which the same signal ends), and on every platform a thread in each rank blocks on a lifeline pipe
+whose only write end the parent holds, and ends the rank the moment that end closes.  SIGKILL and
+``os._exit`` print nothing: a dead worker leaves no rank behind, and no traceback of a pipe that broke
+under it.
 """
 
 from __future__ import annotations
@@ -108,12 +113,11 @@ def signal_on_parent_death(sig: signal.Signals) -> bool:
     return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
-def _die_with_parent(parent_pid: int, lifeline: Connection) -> None:
-    """End this rank as soon as its parent is gone (module docstring); called first thing in a rank."""
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel end this rank when its parent goes (module docstring); called first thing in a rank."""
     signal_on_parent_death(signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before the kernel was asked
         os._exit(0)
-    threading.Thread(target=_wait_for_eof, args=(lifeline,), name="lifeline", daemon=True).start()
 
 
 def _wait_for_eof(lifeline: Connection) -> None:
@@ -124,46 +128,129 @@ def _wait_for_eof(lifeline: Connection) -> None:
     os._exit(0)
 
 
-def _rank_main(
-    rank: int,
-    tp: int,
-    backend: str,
-    port: int,
-    conn: Connection,
-    env: dict[str, str],
-    parent: tuple[int, Connection],
-) -> None:
-    """One rank: join the process group, then run the tasks that arrive on ``conn`` until told to stop.
-    ``parent``: the parent's pid and the read end of its lifeline pipe."""
-    _die_with_parent(*parent)
-    os.environ.update(_SAFE_ENV | env)
+def _watch(target: Callable[..., None], *args: Any, name: str) -> None:
+    threading.Thread(target=target, args=args, name=name, daemon=True).start()
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Start:
+    """What rank 0 gets from the parent to start the group."""
+
+    tp: int
+    backend: str
+    port: int
+    env: dict[str, str]
+    conns: list[Connection]
+    """The rank end of each rank's pipe to the parent."""
+    exits: Connection
+    """Where rank 0 reports each forked rank's exit code, as (rank, code)."""
+    parent_pid: int
+    lifeline: Connection
+    """The read end of the parent's lifeline pipe."""
+
+
+def _group_main(start: _Start) -> None:
+    """Rank 0: import torch once, fork ranks 1..tp-1 from this process, then serve as rank 0."""
+    _die_with_parent(start.parent_pid)
+    os.environ.update(_SAFE_ENV | start.env)
+    import torch.distributed  # noqa: F401  (before the fork: what the forked ranks save)
+
+    forked = _Forked(start.exits)
+    zygote = os.getpid()
+    for rank in range(1, start.tp):
+        pid = os.fork()
+        if pid == 0:
+            _forked_rank(start, rank, zygote)
+        forked.ranks[pid] = rank
+    for rank in range(1, start.tp):
+        start.conns[rank].close()
+    _watch(_wait_for_eof, start.lifeline, name="lifeline")
+    forked.watch()
+    try:
+        _serve(start, 0)
+    finally:
+        forked.stop(grace_s=2.0)
+
+
+def _forked_rank(start: _Start, rank: int, zygote: int) -> None:
+    """A rank forked from rank 0 (``zygote``): drop the other ranks' pipes, then serve; never returns."""
+    code = 0
+    try:
+        _die_with_parent(zygote)
+        for other, conn in enumerate(start.conns):
+            if other != rank:
+                conn.close()
+        start.exits.close()
+        _watch(_wait_for_eof, start.lifeline, name="lifeline")
+        _serve(start, rank)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+@dataclass
+class _Forked:
+    """The ranks that rank 0 forked (pid -> rank), each waited for by a thread that reports its exit code."""
+
+    exits: Connection
+    ranks: dict[int, int] = field(default_factory=dict)
+    _waiters: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def watch(self) -> None:
+        for pid in self.ranks:
+            waiter = threading.Thread(target=self._wait, args=(pid,), name=f"reap-{pid}", daemon=True)
+            waiter.start()
+            self._waiters.append(waiter)
+
+    def _wait(self, pid: int) -> None:
+        _, status = os.waitpid(pid, 0)
+        with self._lock, contextlib.suppress(OSError):
+            self.exits.send((self.ranks[pid], os.waitstatus_to_exitcode(status)))
+
+    def stop(self, *, grace_s: float) -> None:
+        """Give the ranks (told to stop as rank 0 was) ``grace_s`` to leave, then kill any that has not."""
+        deadline = time.monotonic() + grace_s
+        for waiter in self._waiters:
+            waiter.join(timeout=max(0.0, deadline - time.monotonic()))
+        for pid, waiter in zip(self.ranks, self._waiters, strict=True):
+            if waiter.is_alive():  # not reaped yet, so the pid is still this rank's
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _serve(start: _Start, rank: int) -> None:
+    """One rank: join the process group, then run the tasks that arrive on its pipe until told to stop."""
     import torch
     import torch.distributed as dist
 
-    if backend == "cuda":
+    conn = start.conns[rank]
+    if start.backend == "cuda":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
         pg_backend = "nccl"
     else:
         # One intra-op thread per rank: ranks share the host's cores, and gloo needs its own threads.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // start.tp))
         device = torch.device("cpu")
         pg_backend = "gloo"
     try:
         dist.init_process_group(
             pg_backend,
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method=f"tcp://127.0.0.1:{start.port}",
             rank=rank,
-            world_size=tp,
+            world_size=start.tp,
             timeout=datetime.timedelta(seconds=600),
-            device_id=device if backend == "cuda" else None,
+            device_id=device if start.backend == "cuda" else None,
         )
         conn.send(("ready", None))
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
-    ctx = RankContext(rank=rank, tp=tp, backend=backend, device=device, conn=conn)
-    if backend == "cuda":
+    ctx = RankContext(rank=rank, tp=start.tp, backend=start.backend, device=device, conn=conn)
+    if start.backend == "cuda":
         _report_triton_compiles(ctx)
     while True:
         try:
@@ -222,8 +309,12 @@ class TPGroup:
         """Environment variables every rank sets before it imports torch (the te backend's, `te_args.TE_ENV`)."""
         self.start_timeout_s = start_timeout_s
         self.compile_limit_s = compile_limit_s
-        self._procs: list[mp.process.BaseProcess] = []
+        self._rank0: mp.process.BaseProcess | None = None
         self._conns: list[Connection] = []
+        """The parent's end of each rank's pipe."""
+        self._exits: Connection | None = None
+        """Where rank 0 reports the exit codes of the ranks it forked."""
+        self._exited: dict[int, int] = {}
         self._lifeline: Connection | None = None
         """The write end of the ranks' lifeline pipe: it closes when this process dies, and the ranks end."""
         self.starts = 0
@@ -236,7 +327,7 @@ class TPGroup:
 
     @property
     def alive(self) -> bool:
-        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+        return self._rank0 is not None and not self._dead()
 
     def run(self, fn: Task, *args: Any, timeout_s: float = 300.0, **kwargs: Any) -> list[Any]:
         """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the per-rank results in rank order.
@@ -280,7 +371,7 @@ class TPGroup:
                 try:
                     kind, body = conn.recv()
                 except (EOFError, OSError):
-                    code = self._procs[rank].exitcode
+                    code = self._exit_code(rank)
                     self.close()
                     raise TrialFailure(f"crashed: rank {rank} died (exit code {code}) during {what}") from None
                 if kind == COMPILING:
@@ -289,30 +380,34 @@ class TPGroup:
                 clock.compile(rank, False)
                 replies[rank] = (kind, body)
                 del pending[rank]
-            dead = [r for r in pending if not self._procs[r].is_alive()]
+            dead = {r: code for r, code in self._dead().items() if r in pending}
             if dead:
-                code = self._procs[dead[0]].exitcode
+                rank = min(dead)
                 self.close()
-                raise TrialFailure(f"crashed: rank {dead[0]} died (exit code {code}) during {what}")
+                raise TrialFailure(f"crashed: rank {rank} died (exit code {dead[rank]}) during {what}")
         return [replies[r] for r in range(self.tp)]
 
     def _start(self) -> None:
         self.close()
         ctx = mp.get_context("spawn")
-        port = _free_port()
         lifeline, self._lifeline = ctx.Pipe(duplex=False)
-        for rank in range(self.tp):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=_rank_main,
-                args=(rank, self.tp, self.backend, port, child, self.env, (os.getpid(), lifeline)),
-                daemon=True,
-            )
-            proc.start()
-            child.close()
-            self._procs.append(proc)
-            self._conns.append(parent)
-        lifeline.close()
+        self._exits, exits = ctx.Pipe(duplex=False)
+        pipes = [ctx.Pipe() for _ in range(self.tp)]
+        start = _Start(
+            tp=self.tp,
+            backend=self.backend,
+            port=_free_port(),
+            env=self.env,
+            conns=[child for _, child in pipes],
+            exits=exits,
+            parent_pid=os.getpid(),
+            lifeline=lifeline,
+        )
+        self._rank0 = ctx.Process(target=_group_main, args=(start,), daemon=True)
+        self._rank0.start()
+        for end in (lifeline, exits, *start.conns):
+            end.close()
+        self._conns = [parent for parent, _ in pipes]
         self.starts += 1
         replies = self._collect(self.start_timeout_s, what="process group start-up")
         errors = [r for kind, r in replies if kind == "error"]
@@ -320,21 +415,39 @@ class TPGroup:
             self.close()
             raise TrialFailure(f"process group failed to start: {errors[0].strip().splitlines()[-1]}")
 
+    def _dead(self) -> dict[int, int | None]:
+        """The ranks known to have ended, with their exit codes (None: not known yet)."""
+        if self._exits is not None:
+            with contextlib.suppress(EOFError, OSError):
+                while self._exits.poll():
+                    rank, code = self._exits.recv()
+                    self._exited[rank] = code
+        dead: dict[int, int | None] = dict(self._exited)
+        if self._rank0 is not None and not self._rank0.is_alive():
+            dead[0] = self._rank0.exitcode
+        return dead
+
+    def _exit_code(self, rank: int) -> int | None:
+        """The exit code of a rank whose pipe broke, once its reaper (or ours, for rank 0) has seen it."""
+        deadline = time.monotonic() + 1.0
+        while rank not in (dead := self._dead()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return dead.get(rank)
+
     def close(self) -> None:
-        """Stop every rank: politely if it is idle, by SIGKILL if it hangs."""
+        """Stop every rank: politely if it is idle, by SIGKILL if it hangs (rank 0's death ends the others)."""
         for conn in self._conns:
             with contextlib.suppress(OSError, BrokenPipeError):
                 conn.send(None)
-        for proc in self._procs:
-            proc.join(timeout=2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5.0)
-        for conn in self._conns:
-            conn.close()
-        if self._lifeline is not None:
-            self._lifeline.close()
-        self._procs, self._conns, self._lifeline = [], [], None
+        if self._rank0 is not None:
+            self._rank0.join(timeout=3.0)
+            if self._rank0.is_alive():
+                self._rank0.kill()
+                self._rank0.join(timeout=5.0)
+        for end in (*self._conns, self._lifeline, self._exits):
+            if end is not None:
+                end.close()
+        self._rank0, self._conns, self._lifeline, self._exits, self._exited = None, [], None, None, {}
 
 
 class _WatchdogClock:

@@ -2,12 +2,15 @@
 
 Torch is imported only when a group runs (the harness, inside the rank processes; in this process only to
 read a GPU's limits), so the CLI and the service can import this module in well under a second, and a
-measurement on the CPU backend costs this process no torch import at all.
+measurement on the CPU backend costs this process no torch import at all.  Counting GPUs needs torch only
+where NVIDIA's driver is loaded: a Linux host without it has none.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from overlap_runtime.config import DeviceLimits, OverlapConfig, check_backend_size, check_config, problem
@@ -17,8 +20,14 @@ from overlap_runtime.knobs import BACKENDS, RUNTIME_BACKENDS, TE
 from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.shape import ModelShape, Slot, fp8_misfit
 
+NVIDIA_DRIVER_FILES = (Path("/dev/nvidiactl"), Path("/proc/driver/nvidia/version"))
+"""What a Linux host (or a container given GPUs) has while NVIDIA's kernel driver is loaded."""
+
 
 def available_gpus() -> int:
+    """The CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` applies); 0 without NVIDIA's driver."""
+    if sys.platform.startswith("linux") and not any(f.exists() for f in NVIDIA_DRIVER_FILES):
+        return 0  # what torch would say, without its 2.5 CPU-seconds of import
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,7 +17,7 @@ from overlap_runtime.device import MAX_ALIGN_SLEEPS, align_sleeps
 from overlap_runtime.errors import ConfigError, ShapeError, TrialFailure
 from overlap_runtime.group import TPGroup
 from overlap_runtime.measurement import BaselineSource
-from overlap_runtime.runtime import Runtime
+from overlap_runtime.runtime import NVIDIA_DRIVER_FILES, Runtime
 from overlap_runtime.shape import EXTERNAL_SLOTS, Collective, ModelShape, Slot
 
 TUNED_SLOTS = [s for s in Slot if s not in EXTERNAL_SLOTS]
@@ -337,9 +339,30 @@ def test_hung_config_is_killed_within_its_timeout_and_the_group_recovers() -> No
         assert rt.group.starts == 2
 
 
+def _lineage(ctx) -> tuple[int, int]:
+    return os.getpid(), os.getppid()
+
+
+def test_a_group_spawns_rank_0_and_forks_the_other_ranks_from_it() -> None:
+    with TPGroup(tp=4, backend="cpu") as group:
+        (rank0, parent), *others = group.run(_lineage)
+        assert parent == os.getpid()
+        assert all(ppid == rank0 for _, ppid in others)  # so the group imported torch once, in rank 0
+        assert len({pid for pid, _ in others}) == 3
+
+
+@pytest.mark.skipif(any(f.exists() for f in NVIDIA_DRIVER_FILES), reason="NVIDIA's driver is loaded here")
+def test_counting_gpus_on_a_host_without_nvidias_driver_imports_no_torch() -> None:
+    probe = "import sys; from overlap_runtime.runtime import available_gpus as n; print(n(), 'torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.split() == [
+        "0",
+        "False",
+    ]
+
+
 def test_crashed_rank_is_reported_and_the_group_recovers() -> None:
     with Runtime(tp=2, backend="cpu") as rt:
-        with pytest.raises(TrialFailure, match="crashed: rank 1 died"):
+        with pytest.raises(TrialFailure, match=r"crashed: rank 1 died \(exit code 3\)"):
             rt.group.run(_crash, timeout_s=30)
         assert rt.measure(shape_for(2), Slot.PROJ_FPROP, OverlapConfig(method="none"), repeats=3, warmup=1).valid
 
@@ -367,7 +390,8 @@ def test_finalists_are_measured_interleaved_with_every_repeat_counted(runtime: R
 
 def test_each_config_is_scored_against_its_own_problem_timed_in_its_rounds(runtime: Runtime) -> None:
     """qkv_dgrad: no overlap runs the bulk problem (an all-gather beside the dgrad GEMM), a ring exchange TE's
-    reduce-scatter dgrad; each gets its own gemms (the library's and ours), comm and serial, timed in every round between the configs."""
+    reduce-scatter dgrad; each gets its own gemms (the library's and ours), comm and serial, timed in every round
+    between the configs."""
     shape = shape_for(runtime.tp)
     configs = [OverlapConfig(method="none"), OverlapConfig(method="ring_exchange")]
     bulk, rs_dgrad = runtime.measure_many(shape, Slot.QKV_DGRAD, configs, repeats=2, warmup=1, rounds=3)
