@@ -134,7 +134,9 @@ def test_a_killed_scheduling_controller_is_replaced_within_the_ttl(make_service,
     job = standing_by.wait_for_job(job_id)
     assert job.status == "succeeded", job
     lease = lease_of(standing_by)
-    assert lease is not None and lease.term == 2 and lease.holder != leader.holder
+    # A later term than the killed holder's, not exactly the next: on a loaded machine the new holder's passes
+    # can run late enough that its own lease lapses and it takes it back, which counts as a new term.
+    assert lease is not None and lease.term > leader.term and lease.holder != leader.holder
 
 
 def test_a_controller_without_the_scheduler_never_takes_the_lease(make_service, sqlite_url: str) -> None:
