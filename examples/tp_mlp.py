@@ -15,6 +15,7 @@ import argparse
 import os
 
 import torch
+import torch._dynamo  # before init_process_group: see the end of main
 import torch.distributed as dist
 from torch import nn
 
@@ -66,6 +67,9 @@ def main() -> None:
         dist.all_reduce(mean)  # the mean over every rank's tokens
         if rank == 0:
             print(f"step {step}: loss {mean.item() / tp:.5f}", flush=True)
+    # Imported only now (the optimizer imports it), torch._dynamo would keep the default group alive past this
+    # call, and gloo's worker could drop the last all-reduce's tensors while the interpreter finalizes: an abort
+    # at exit ("terminate called without an active exception").  Hence the import at the top.
     dist.destroy_process_group()
 
 

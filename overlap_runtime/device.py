@@ -271,6 +271,12 @@ class Device(abc.ABC):
             )
         return self._groups[options]
 
+    def release_groups(self) -> None:
+        """Drop this device's references to its process groups, so that ``destroy_process_group`` frees them
+        while the interpreter is whole (`tp_linear.TPContext.release_all`)."""
+        self._groups.clear()
+        self.pg = None
+
     def _pg_options(self, options: CommOptions) -> Any:
         return None
 

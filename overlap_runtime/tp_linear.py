@@ -9,6 +9,7 @@ returns once they are idle (`HostDevice.synchronize`), so tensors are ready when
 
 from __future__ import annotations
 
+import atexit
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -67,9 +68,24 @@ class TPContext:
     @classmethod
     def of(cls, group: Any, device: torch.device, *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> TPContext:
         key = (group.group_name, str(device), wait_timeout_s)
+        if not cls._contexts:
+            atexit.register(cls.release_all)
         if key not in cls._contexts:
             cls._contexts[key] = cls(group, device, wait_timeout_s=wait_timeout_s)
         return cls._contexts[key]
+
+    @classmethod
+    def release_all(cls) -> None:
+        """Let go of every context's process groups (run at exit, before the interpreter finalizes).
+
+        Kept alive by this registry, a group the user destroyed would keep its worker threads until
+        finalization, and a gloo worker that drops its last work then (the tensors of the training loop's last
+        all-reduce) needs the GIL, cannot have it, and aborts the process: "terminate called without an active
+        exception".  Released here, the group's destructor joins its workers while Python still runs."""
+        for context in cls._contexts.values():
+            context.dev.release_groups()
+            context.group = None
+        cls._contexts.clear()
 
     @property
     def tp(self) -> int:
