@@ -21,18 +21,24 @@ from api.errors import MAX_ITEMS
 if TYPE_CHECKING:
     from conftest_service import Service
 
-pytest_plugins = ("conftest_service",)  # make_service, sqlite_url, postgres_url
+pytest_plugins = ("conftest_service",)  # make_service, sqlite_url, postgres_url, module_*_url
 
 LIMIT = 1 << 20
 HUGE = b'{"shape": {"hidden": 64, "tp": 2, "seq": 32}, "pad": "' + b"x" * (12 << 20) + b'"}'
 """A 12 MB ``POST /v1/jobs`` body."""
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def service(request: pytest.FixtureRequest, make_service: Callable[..., Service]) -> Service:
-    service = make_service(db_url=request.getfixturevalue(f"{request.param}_url"))
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One controller per database for the module's tests: none of them creates a job (each body is refused),
+    so the one that counts the jobs still finds none, and a controller start costs seconds of CPU."""
+    from conftest_service import Service
+
+    tmp = tmp_path_factory.mktemp(f"body_limit_{request.param}")
+    service = Service(db_url=request.getfixturevalue(f"module_{request.param}_url"), tmp=tmp)
     service.start_controller()
-    return service
+    yield service
+    service.stop()
 
 
 def too_large(response: httpx.Response) -> None:
