@@ -8,7 +8,7 @@ Real processes: `autotune serve` on SQLite and on PostgreSQL, `autotune worker` 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -25,9 +25,17 @@ if TYPE_CHECKING:
     from api.schemas import ClaimPublic, WorkerCreated
     from autotune.client import Client
 
-pytest_plugins = ("conftest_service",)  # make_service, sqlite_url, postgres_url
+pytest_plugins = ("conftest_service",)  # module_sqlite_url, module_postgres_url
 
 SHAPE = ModelShape(hidden=64, tp=2, seq=32)
+"""The real CPU worker's shape, and the suspect result's on H200s (`/v1/best` is asked for it)."""
+# The tests share a controller, and a study (GPU model, shape, slot) is shared by every job that asks for it:
+# what other workers measured for it decides whether a result is suspect.  So each test tunes a shape of its
+# own, and no two tests whose jobs end (and store a winner) tune the same GPU model at the same tp, as a new
+# study is warm-started from the winners of other shapes at its tp (`storage.warm_start`).
+LIES_SHAPE = ModelShape(hidden=128, tp=2, seq=32)
+CPU_SUSPECT_SHAPE = ModelShape(hidden=64, tp=4, seq=32)
+THREE_LIARS_SHAPE = ModelShape(hidden=128, tp=4, seq=32)
 
 
 def measured(overlap: list[float], gemm: list[float], comm: list[float], serial: list[float]) -> dict[str, Any]:
@@ -111,17 +119,37 @@ def test_only_the_gemm_bounds_a_cpu_serial_run_while_a_gpu_one_is_bounded_by_its
     assert refused.value.field == "serial_ms"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def service(request: pytest.FixtureRequest, make_service: Callable[..., Service]) -> Service:
-    service = make_service(db_url=request.getfixturevalue(f"{request.param}_url"))
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def shared_service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One controller per database for the module's tests (a controller start costs seconds of CPU)."""
+    from conftest_service import Service
+
+    tmp = tmp_path_factory.mktemp(f"result_checks_{request.param}")
+    service = Service(db_url=request.getfixturevalue(f"module_{request.param}_url"), tmp=tmp)
     service.start_controller()
-    return service
+    yield service
+    service.stop()
+
+
+@pytest.fixture
+def service(shared_service: Service) -> Iterator[Service]:
+    """The module's controller, left as the next test needs it: the workers this test started stop, and its
+    jobs that still run are cancelled, so no later test's worker claims their trials."""
+    started = len(shared_service.workers)
+    yield shared_service
+    for worker in shared_service.workers[started:]:
+        worker.stop()
+    del shared_service.workers[started:]
+    with shared_service.client() as client:
+        for job in client.jobs():
+            if job.status in ("queued", "running"):
+                client.cancel(job.id)
 
 
 def test_each_lie_is_a_422_naming_its_field_and_a_genuine_result_lands(service: Service) -> None:
     with service.client() as client, httpx.Client(base_url=service.url, timeout=30) as http:
         worker = client.register({"name": "liar", "host": "h", "backend": "cpu"})
-        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cpu").id
+        job_id = client.submit(shape=LIES_SHAPE, layers=["qkv_fprop"], n_trials=2, backend="cpu").id
         claim = service.wait_until(lambda: client.claim(worker), timeout_s=30, what="a claim")
         n = len(claim.proposal.configs)
         url = f"/v1/workers/{worker.id}/trials/{claim.trial_id}/result"
@@ -154,10 +182,11 @@ FAST = consistent([0.10, 0.10, 0.11, 0.10], [0.09] * 4, [0.03] * 4, [0.12] * 4)
 """A lie that adds up and breaks no physics, but whose GEMM alone ran 3x faster than other workers' did."""
 
 
-def gpu_worker(client: Client, name: str) -> WorkerCreated:
-    """A worker registered with two H200s, whose results the test writes: a GPU model is what suspicion
+def gpu_worker(client: Client, name: str, *, n_gpus: int = 2) -> WorkerCreated:
+    """A worker registered with ``n_gpus`` H200s, whose results the test writes: a GPU model is what suspicion
     compares workers by (a CPU backend's results never are suspect)."""
-    return client.register({"name": name, "host": "h", "backend": "cuda", "gpu_model": "NVIDIA H200", "n_gpus": 2})
+    body = {"name": name, "host": "h", "backend": "cuda", "gpu_model": "NVIDIA H200", "n_gpus": n_gpus}
+    return client.register(body)
 
 
 def measure_up_to_finalists(service: Service, client: Client, honest: WorkerCreated) -> ClaimPublic:
@@ -174,7 +203,7 @@ def test_cpu_results_are_never_suspect_however_far_apart(service: Service) -> No
     """Each host's CPU is "cpu": a loaded one times a GEMM 2x slower than an idle one, and neither lies."""
     with service.client() as client:
         idle, loaded = (client.register({"name": n, "host": n, "backend": "cpu"}) for n in ("idle", "loaded"))
-        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
+        job_id = client.submit(shape=CPU_SUSPECT_SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
         claim = measure_up_to_finalists(service, client, loaded)
         final = service.wait_until(lambda: client.claim(idle), timeout_s=30, what="the idle worker's claim")
         assert final.trial_id == claim.trial_id
@@ -218,9 +247,9 @@ def test_a_result_far_faster_than_other_workers_saw_is_suspect_and_another_worke
 
 def test_a_proposal_suspect_on_three_workers_is_told_as_failed_and_asked_anew(service: Service) -> None:
     with service.client() as client:
-        honest = gpu_worker(client, "honest")
-        liars = [gpu_worker(client, f"liar{i}") for i in range(3)]
-        job_id = client.submit(shape=SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cuda").id
+        honest = gpu_worker(client, "honest", n_gpus=4)
+        liars = [gpu_worker(client, f"liar{i}", n_gpus=4) for i in range(3)]
+        job_id = client.submit(shape=THREE_LIARS_SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cuda").id
         batch = measure_up_to_finalists(service, client, honest)
         for liar in liars:  # each takes the batch the one before made suspect
             final = service.wait_until(lambda liar=liar: client.claim(liar), timeout_s=30, what="a liar's claim")
