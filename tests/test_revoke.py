@@ -8,7 +8,7 @@ Real processes: `autotune serve --admin-token` on SQLite and on PostgreSQL, the 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -21,7 +21,7 @@ from overlap_runtime.uncertainty import Series
 if TYPE_CHECKING:
     from conftest_service import Service
 
-pytest_plugins = ("conftest_service",)  # make_service, sqlite_url, postgres_url
+pytest_plugins = ("conftest_service",)  # module_sqlite_url, module_postgres_url
 
 ADMIN = "test-admin-token"
 SHAPE = ModelShape(hidden=64, tp=2, seq=32)
@@ -40,12 +40,19 @@ RESULT = Measurement.measured(
 ).to_dict()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def service(request: pytest.FixtureRequest, make_service: Callable[..., Service]) -> Service:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One controller per database for the module's tests (a controller start costs seconds of CPU): the
+    enrolment test's workers never claim, and revoking touches only the revoked worker's trials and results."""
+    from conftest_service import Service
+
+    tmp = tmp_path_factory.mktemp(f"revoke_{request.param}")
     # Leases long enough to outlast the CLI's start-up: the revocation, not the lease's end, frees the trial.
-    service = make_service(db_url=request.getfixturevalue(f"{request.param}_url"), env={"AUTOTUNE_LEASE_S": "60"})
+    db_url = request.getfixturevalue(f"module_{request.param}_url")
+    service = Service(db_url=db_url, tmp=tmp, env={"AUTOTUNE_LEASE_S": "60"})
     service.start_controller(extra=["--admin-token", ADMIN])
-    return service
+    yield service
+    service.stop()
 
 
 def bearer(token: str) -> dict[str, str]:
