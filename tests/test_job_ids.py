@@ -1,32 +1,36 @@
 """A job named by its id or by the first characters of it (the 8 the dashboard and the progress lines show),
-through the console script against a real controller; anything but hex digits and dashes is refused before
-any request, so it never reaches a URL."""
+through the CLI against a real controller; anything but hex digits and dashes is refused before any request,
+so it never reaches a URL.
+
+The commands run in-process (typer's runner, the console script's own `app`), so each costs no interpreter
+start; the controller is a real process.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from autotune.cli.app import app
 from overlap_runtime.shape import ModelShape
 
 if TYPE_CHECKING:
+    from click.testing import Result
     from conftest_service import Service
 
 pytest_plugins = ("conftest_service",)  # idle_service
 
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
-
-def autotune(service: Service, *args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
-    kept = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNE_")}
-    env = kept | {"AUTOTUNE_CONTROLLER": service.url, "AUTOTUNE_TOKEN": service.token, "XDG_DATA_HOME": str(tmp)}
-    return subprocess.run([AUTOTUNE, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
+def autotune(service: Service, *args: str, tmp: Path) -> Result:
+    """``autotune ARGS`` with none of the caller's AUTOTUNE_* settings: its exit code, stdout and stderr apart."""
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("AUTOTUNE_")}
+    env = unset | {"AUTOTUNE_CONTROLLER": service.url, "AUTOTUNE_TOKEN": service.token, "XDG_DATA_HOME": str(tmp)}
+    return CliRunner().invoke(app, list(args), env=env)
 
 
 @pytest.fixture(scope="module")
@@ -43,20 +47,20 @@ def test_status_takes_the_eight_characters_the_dashboard_shows(
     idle_service: Service, jobs: list[str], tmp_path: Path
 ) -> None:
     done = autotune(idle_service, "status", jobs[0][:8], "--no-follow", tmp=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert done.stdout.startswith(f"job {jobs[0]}: ")
 
 
 def test_cancel_takes_a_prefix_too(idle_service: Service, jobs: list[str], tmp_path: Path) -> None:
     done = autotune(idle_service, "cancel", jobs[-1][:8].upper(), tmp=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert done.stdout == f"job {jobs[-1]}: cancelled\n"
 
 
 def test_a_prefix_several_jobs_share_is_ambiguous(idle_service: Service, jobs: list[str], tmp_path: Path) -> None:
     shared = jobs[-1][0]
     done = autotune(idle_service, "status", shared, "--no-follow", tmp=tmp_path)
-    assert done.returncode == 2, done.stderr
+    assert done.exit_code == 2, done.stderr
     assert done.stderr.startswith("error: job_id: is ambiguous: ") and "jobs' ids start with it (" in done.stderr
     assert done.stderr.endswith(f"; give more of it (got {shared!r})\n")
 
@@ -64,7 +68,7 @@ def test_a_prefix_several_jobs_share_is_ambiguous(idle_service: Service, jobs: l
 def test_a_prefix_no_job_has_says_so(idle_service: Service, jobs: list[str], tmp_path: Path) -> None:
     unused = next(c for c in "0123456789abcdef" if all(not i.startswith(c) for i in jobs))
     done = autotune(idle_service, "status", unused * 8, "--no-follow", tmp=tmp_path)
-    assert done.returncode == 1, done.stderr
+    assert done.exit_code == 1, done.stderr
     assert done.stderr == f"error: job_id: no job's id starts with it (got {unused * 8!r})\n"
 
 
@@ -72,7 +76,7 @@ def test_a_prefix_no_job_has_says_so(idle_service: Service, jobs: list[str], tmp
 def test_an_id_that_is_not_hex_is_refused_naming_the_argument(idle_service: Service, ref: str, tmp_path: Path) -> None:
     for command in (["status", ref, "--no-follow"], ["cancel", ref]):
         done = autotune(idle_service, *command, tmp=tmp_path)
-        assert done.returncode == 2, done.stderr
+        assert done.exit_code == 2, done.stderr
         assert done.stderr == (
             "error: job_id: must be a job id or its first characters: hex digits and dashes, as submit prints it "
             f"(got {ref!r})\n"
