@@ -18,19 +18,17 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine, text
 
 from api.schemas import JobPublic
 from autotune.client import Client
 
-pytest_plugins = ("conftest_storage",)  # sqlite_url / postgres_url for the tests that load this one
+pytest_plugins = ("conftest_storage",)  # the database URL fixtures, for the tests that load this one
 
 TOKEN = "test-token"
 WORKER_TOKEN = "test-worker-token"
@@ -230,22 +228,3 @@ def cpu_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         service.wait_until(client.workers, timeout_s=START_TIMEOUT_S, what="the CPU worker's registration")
     yield service
     service.stop()
-
-
-@pytest.fixture(scope="module")
-def module_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """URL of a new SQLite file that the tests of one module share (a controller they share runs on it)."""
-    return f"sqlite:///{tmp_path_factory.mktemp('module_sqlite') / 'autotune.db'}"
-
-
-@pytest.fixture(scope="module")
-def module_postgres_url(pg_admin: Engine) -> Iterator[str]:
-    """URL of a new, empty PostgreSQL database that the tests of one module share, dropped after them."""
-    from conftest_storage import PG_SERVER  # loaded as a plugin by now (pytest_plugins), its asserts rewritten
-
-    name = f"autotune_service_{uuid.uuid4().hex[:12]}"
-    with pg_admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield f"{PG_SERVER}/{name}"
-    with pg_admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -40,10 +40,9 @@ def pg_admin() -> Iterator[Engine]:
     engine.dispose()
 
 
-@pytest.fixture
-def postgres_url(pg_admin: Engine) -> Iterator[str]:
-    """URL of a new, empty PostgreSQL database, dropped (connections and all) after the test."""
-    name = f"autotune_storage_{uuid.uuid4().hex[:12]}"
+def _new_database(pg_admin: Engine, prefix: str) -> Iterator[str]:
+    """URL of a new, empty PostgreSQL database, dropped (connections and all) once the caller resumes this."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with pg_admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     yield f"{PG_SERVER}/{name}"
@@ -52,9 +51,28 @@ def postgres_url(pg_admin: Engine) -> Iterator[str]:
 
 
 @pytest.fixture
+def postgres_url(pg_admin: Engine) -> Iterator[str]:
+    """URL of a new, empty PostgreSQL database, dropped after the test."""
+    yield from _new_database(pg_admin, "autotune_storage")
+
+
+@pytest.fixture(scope="module")
+def module_postgres_url(pg_admin: Engine) -> Iterator[str]:
+    """URL of a new, empty PostgreSQL database that the tests of one module share (a controller they share runs
+    on it), dropped after them."""
+    yield from _new_database(pg_admin, "autotune_module")
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """URL of a new SQLite file under the test's temporary folder."""
     return f"sqlite:///{tmp_path / 'autotune.db'}"
+
+
+@pytest.fixture(scope="module")
+def module_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """URL of a new SQLite file that the tests of one module share."""
+    return f"sqlite:///{tmp_path_factory.mktemp('module_sqlite') / 'autotune.db'}"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
