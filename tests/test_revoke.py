@@ -2,18 +2,21 @@
 the admin token only, end the worker's secret, put its leased trials back in the queue, withdraw its results
 from the studies and the winners, and ``/v1/best`` answers from what is left.
 
-Real processes: `autotune serve --admin-token` on SQLite and on PostgreSQL, the CLI, real HTTP.
+Real processes: `autotune serve --admin-token` on SQLite and on PostgreSQL, real HTTP; the CLI runs in-process
+(typer's `CliRunner`) against them.
 """
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from click.testing import Result
+from typer.testing import CliRunner
 
+from autotune.cli.app import app
 from overlap_runtime.measurement import Baselines, BaselineSource, Measurement
 from overlap_runtime.shape import Collective, ModelShape
 from overlap_runtime.uncertainty import Series
@@ -59,11 +62,15 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def revoke_cli(service: Service, worker_id: str, token: str) -> subprocess.CompletedProcess[str]:
-    from conftest_service import CLI
+def workers_cli(service: Service, *args: str) -> Result:
+    """``autotune workers ARGS --controller URL``, in-process: its exit code, stdout and stderr apart."""
+    return CliRunner().invoke(
+        app, ["workers", *args, "--controller", service.url], env={"AUTOTUNE_ADMIN_TOKEN": None, "AUTOTUNE_TOKEN": None}
+    )
 
-    args = [*CLI, "workers", "revoke", worker_id, "--controller", service.url, "--admin-token", token, "--json"]
-    return subprocess.run(args, env=service.env, capture_output=True, text=True, timeout=60, check=False)
+
+def revoke_cli(service: Service, worker_id: str, token: str) -> Result:
+    return workers_cli(service, "revoke", worker_id, "--admin-token", token, "--json")
 
 
 def test_a_revoked_worker_loses_its_secret_its_lease_and_its_results(service: Service) -> None:
@@ -111,12 +118,12 @@ def test_a_revoked_worker_loses_its_secret_its_lease_and_its_results(service: Se
         claim = service.wait_until(lambda: client.claim(honest), timeout_s=30, what="the honest worker's claim")
         assert claim.trial_id == held.trial_id
 
-    assert revoke_cli(service, honest.id, "wrong").returncode == 2
+    assert revoke_cli(service, honest.id, "wrong").exit_code == 2
     done = revoke_cli(service, honest.id, ADMIN)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert '"requeued": 1' in done.stdout
     missing = revoke_cli(service, "00000000-0000-0000-0000-000000000000", ADMIN)
-    assert missing.returncode == 1 and "not found" in missing.stderr
+    assert missing.exit_code == 1 and "not found" in missing.stderr
 
 
 @pytest.mark.parametrize("other", ["token", "worker_token"])
@@ -132,8 +139,6 @@ def test_the_admin_token_is_a_credential_of_its_own(other: str) -> None:
 
 
 def test_an_enrolment_token_registers_one_worker_once_before_it_expires(service: Service) -> None:
-    from conftest_service import CLI
-
     worker = {"name": "node", "host": "h", "backend": "cpu"}
     with httpx.Client(base_url=service.url, timeout=30) as http:
         refused = http.post("/v1/workers/enrolments", json={}, headers=bearer(service.token))
@@ -151,7 +156,7 @@ def test_an_enrolment_token_registers_one_worker_once_before_it_expires(service:
             what="the short-lived token to expire",
         )
         assert http.post("/v1/workers/enrolments", json={"ttl_s": 0}, headers=bearer(ADMIN)).status_code == 422
-    args = [*CLI, "workers", "enrol", "--controller", service.url, "--admin-token", ADMIN, "--ttl-s", "60"]
-    printed = subprocess.run(args, env=service.env, capture_output=True, text=True, timeout=60, check=True)
+    printed = workers_cli(service, "enrol", "--admin-token", ADMIN, "--ttl-s", "60")
+    assert printed.exit_code == 0, printed.stderr
     with service.client(token=printed.stdout.strip()) as client:
         assert client.register(worker).secret
