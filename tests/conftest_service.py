@@ -20,13 +20,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from api.schemas import JobPublic
 from autotune.client import Client
+
+if TYPE_CHECKING:
+    from click.testing import Result
 
 pytest_plugins = ("conftest_storage",)  # the database URL fixtures, for the tests that load this one
 
@@ -135,6 +138,22 @@ class Service:
 
     def client(self, *, token: str | None = TOKEN) -> Client:
         return Client(self.url, token=token, timeout_s=10)
+
+    def cli(self, *args: str) -> Result:
+        """``autotune ARGS`` run in-process (typer's runner, the console script's own app) as a user of this
+        controller runs it: its URL, the clients' token and this service's data folder, none of the caller's
+        other AUTOTUNE_* settings.  The exit code, stdout and stderr come apart."""
+        from typer.testing import CliRunner
+
+        from autotune.cli.app import app
+
+        unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("AUTOTUNE_")}
+        own = {
+            "AUTOTUNE_CONTROLLER": self.url,
+            "AUTOTUNE_TOKEN": self.token,
+            "XDG_DATA_HOME": self.env["XDG_DATA_HOME"],
+        }
+        return CliRunner().invoke(app, list(args), env=unset | own)
 
     def health(self) -> dict[str, Any] | None:
         """``GET /healthz`` of whichever controller process answers; None while none does."""

@@ -2,35 +2,23 @@
 through the CLI against a real controller; anything but hex digits and dashes is refused before any request,
 so it never reaches a URL.
 
-The commands run in-process (typer's runner, the console script's own `app`), so each costs no interpreter
+The commands run in-process (`Service.cli`: typer's runner, the console script's own `app`), so each costs no interpreter
 start; the controller is a real process.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from typer.testing import CliRunner
 
-from autotune.cli.app import app
 from overlap_runtime.shape import ModelShape
 
 if TYPE_CHECKING:
-    from click.testing import Result
     from conftest_service import Service
 
 pytest_plugins = ("conftest_service",)  # idle_service
-
-
-def autotune(service: Service, *args: str, tmp: Path) -> Result:
-    """``autotune ARGS`` with none of the caller's AUTOTUNE_* settings: its exit code, stdout and stderr apart."""
-    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("AUTOTUNE_")}
-    env = unset | {"AUTOTUNE_CONTROLLER": service.url, "AUTOTUNE_TOKEN": service.token, "XDG_DATA_HOME": str(tmp)}
-    return CliRunner().invoke(app, list(args), env=env)
 
 
 @pytest.fixture(scope="module")
@@ -43,39 +31,37 @@ def jobs(idle_service: Service) -> list[str]:
     return ids
 
 
-def test_status_takes_the_eight_characters_the_dashboard_shows(
-    idle_service: Service, jobs: list[str], tmp_path: Path
-) -> None:
-    done = autotune(idle_service, "status", jobs[0][:8], "--no-follow", tmp=tmp_path)
+def test_status_takes_the_eight_characters_the_dashboard_shows(idle_service: Service, jobs: list[str]) -> None:
+    done = idle_service.cli("status", jobs[0][:8], "--no-follow")
     assert done.exit_code == 0, done.stderr
     assert done.stdout.startswith(f"job {jobs[0]}: ")
 
 
-def test_cancel_takes_a_prefix_too(idle_service: Service, jobs: list[str], tmp_path: Path) -> None:
-    done = autotune(idle_service, "cancel", jobs[-1][:8].upper(), tmp=tmp_path)
+def test_cancel_takes_a_prefix_too(idle_service: Service, jobs: list[str]) -> None:
+    done = idle_service.cli("cancel", jobs[-1][:8].upper())
     assert done.exit_code == 0, done.stderr
     assert done.stdout == f"job {jobs[-1]}: cancelled\n"
 
 
-def test_a_prefix_several_jobs_share_is_ambiguous(idle_service: Service, jobs: list[str], tmp_path: Path) -> None:
+def test_a_prefix_several_jobs_share_is_ambiguous(idle_service: Service, jobs: list[str]) -> None:
     shared = jobs[-1][0]
-    done = autotune(idle_service, "status", shared, "--no-follow", tmp=tmp_path)
+    done = idle_service.cli("status", shared, "--no-follow")
     assert done.exit_code == 2, done.stderr
     assert done.stderr.startswith("error: job_id: is ambiguous: ") and "jobs' ids start with it (" in done.stderr
     assert done.stderr.endswith(f"; give more of it (got {shared!r})\n")
 
 
-def test_a_prefix_no_job_has_says_so(idle_service: Service, jobs: list[str], tmp_path: Path) -> None:
+def test_a_prefix_no_job_has_says_so(idle_service: Service, jobs: list[str]) -> None:
     unused = next(c for c in "0123456789abcdef" if all(not i.startswith(c) for i in jobs))
-    done = autotune(idle_service, "status", unused * 8, "--no-follow", tmp=tmp_path)
+    done = idle_service.cli("status", unused * 8, "--no-follow")
     assert done.exit_code == 1, done.stderr
     assert done.stderr == f"error: job_id: no job's id starts with it (got {unused * 8!r})\n"
 
 
 @pytest.mark.parametrize("ref", ["", "../../v1/workers", "0c97a863?x=1", "0c97 a863"])
-def test_an_id_that_is_not_hex_is_refused_naming_the_argument(idle_service: Service, ref: str, tmp_path: Path) -> None:
+def test_an_id_that_is_not_hex_is_refused_naming_the_argument(idle_service: Service, ref: str) -> None:
     for command in (["status", ref, "--no-follow"], ["cancel", ref]):
-        done = autotune(idle_service, *command, tmp=tmp_path)
+        done = idle_service.cli(*command)
         assert done.exit_code == 2, done.stderr
         assert done.stderr == (
             "error: job_id: must be a job id or its first characters: hex digits and dashes, as submit prints it "

@@ -3,7 +3,7 @@ the admin token only, end the worker's secret, put its leased trials back in the
 from the studies and the winners, and ``/v1/best`` answers from what is left.
 
 Real processes: `autotune serve --admin-token` on SQLite and on PostgreSQL, real HTTP; the CLI runs in-process
-(typer's `CliRunner`) against them.
+(`Service.cli`) against them.
 """
 
 from __future__ import annotations
@@ -13,15 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
 
-from autotune.cli.app import app
 from overlap_runtime.measurement import Baselines, BaselineSource, Measurement
 from overlap_runtime.shape import Collective, ModelShape
 from overlap_runtime.uncertainty import Series
 
 if TYPE_CHECKING:
+    from click.testing import Result
     from conftest_service import Service
 
 pytest_plugins = ("conftest_service",)  # module_sqlite_url, module_postgres_url
@@ -62,15 +60,8 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def workers_cli(service: Service, *args: str) -> Result:
-    """``autotune workers ARGS --controller URL``, in-process: its exit code, stdout and stderr apart."""
-    return CliRunner().invoke(
-        app, ["workers", *args, "--controller", service.url], env={"AUTOTUNE_ADMIN_TOKEN": None, "AUTOTUNE_TOKEN": None}
-    )
-
-
 def revoke_cli(service: Service, worker_id: str, token: str) -> Result:
-    return workers_cli(service, "revoke", worker_id, "--admin-token", token, "--json")
+    return service.cli("workers", "revoke", worker_id, "--admin-token", token, "--json")
 
 
 def test_a_revoked_worker_loses_its_secret_its_lease_and_its_results(service: Service) -> None:
@@ -156,7 +147,7 @@ def test_an_enrolment_token_registers_one_worker_once_before_it_expires(service:
             what="the short-lived token to expire",
         )
         assert http.post("/v1/workers/enrolments", json={"ttl_s": 0}, headers=bearer(ADMIN)).status_code == 422
-    printed = workers_cli(service, "enrol", "--admin-token", ADMIN, "--ttl-s", "60")
+    printed = service.cli("workers", "enrol", "--admin-token", ADMIN, "--ttl-s", "60")
     assert printed.exit_code == 0, printed.stderr
     with service.client(token=printed.stdout.strip()) as client:
         assert client.register(worker).secret
