@@ -160,8 +160,7 @@ def test_the_readme_example_trains_with_a_tuned_preset_under_torchrun() -> None:
 RELEASED_AT_EXIT = """
 import atexit, gc, os, sys, weakref
 import torch.distributed as dist
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-dist.init_process_group("gloo", rank=0, world_size=1)
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
 world = weakref.ref(dist.group.WORLD)
 
 def freed() -> None:  # registered before the layers' hook, so it runs after it
@@ -175,15 +174,11 @@ dist.destroy_process_group()
 """
 
 
-def test_a_destroyed_group_is_freed_before_the_interpreter_finalizes() -> None:
+def test_a_destroyed_group_is_freed_before_the_interpreter_finalizes(tmp_path: Path) -> None:
     """The layers' registry lets go of its groups at exit: a group it kept alive past ``destroy_process_group``
     would keep gloo's workers running into finalization, where one that drops its last work aborts the process."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    done = subprocess.run([sys.executable, "-c", RELEASED_AT_EXIT, str(port)], cwd=ROOT, env=_env(), timeout=120)
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-c", RELEASED_AT_EXIT, str(store)], cwd=ROOT, env=_env(), timeout=120)
     assert done.returncode == 0, "the default group outlived the exit hooks"
 
 
