@@ -194,6 +194,23 @@ class Service:
             proc.stop()
 
 
+def module_controller(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    env: dict[str, str] | None = None,
+    extra: list[str] = (),
+) -> Iterator[Service]:
+    """A controller that the tests of one module share (a controller start costs seconds of CPU), on the
+    module's database of the kind ``request.param`` names ("sqlite" or "postgres"): for a module-scoped fixture
+    parametrized over both to ``yield from``."""
+    tmp = tmp_path_factory.mktemp(f"{request.module.__name__}_{request.param}")
+    service = Service(db_url=request.getfixturevalue(f"module_{request.param}_url"), tmp=tmp, env=env)
+    service.start_controller(extra=extra)
+    yield service
+    service.stop()
+
+
 @pytest.fixture
 def make_service(tmp_path: Path) -> Iterator[Callable[..., Service]]:
     """Services started by the test, all stopped at its end (even when it fails)."""

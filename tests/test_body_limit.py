@@ -32,13 +32,9 @@ HUGE = b'{"shape": {"hidden": 64, "tp": 2, "seq": 32}, "pad": "' + b"x" * (12 <<
 def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """One controller per database for the module's tests: none of them creates a job (each body is refused),
     so the one that counts the jobs still finds none, and a controller start costs seconds of CPU."""
-    from conftest_service import Service
+    from conftest_service import module_controller
 
-    tmp = tmp_path_factory.mktemp(f"body_limit_{request.param}")
-    service = Service(db_url=request.getfixturevalue(f"module_{request.param}_url"), tmp=tmp)
-    service.start_controller()
-    yield service
-    service.stop()
+    yield from module_controller(request, tmp_path_factory)
 
 
 def too_large(response: httpx.Response) -> None:

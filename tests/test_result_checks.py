@@ -122,13 +122,9 @@ def test_only_the_gemm_bounds_a_cpu_serial_run_while_a_gpu_one_is_bounded_by_its
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def shared_service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """One controller per database for the module's tests (a controller start costs seconds of CPU)."""
-    from conftest_service import Service
+    from conftest_service import module_controller
 
-    tmp = tmp_path_factory.mktemp(f"result_checks_{request.param}")
-    service = Service(db_url=request.getfixturevalue(f"module_{request.param}_url"), tmp=tmp)
-    service.start_controller()
-    yield service
-    service.stop()
+    yield from module_controller(request, tmp_path_factory)
 
 
 @pytest.fixture

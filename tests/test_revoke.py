@@ -45,15 +45,12 @@ RESULT = Measurement.measured(
 def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """One controller per database for the module's tests (a controller start costs seconds of CPU): the
     enrolment test's workers never claim, and revoking touches only the revoked worker's trials and results."""
-    from conftest_service import Service
+    from conftest_service import module_controller
 
-    tmp = tmp_path_factory.mktemp(f"revoke_{request.param}")
     # Leases long enough to outlast the CLI's start-up: the revocation, not the lease's end, frees the trial.
-    db_url = request.getfixturevalue(f"module_{request.param}_url")
-    service = Service(db_url=db_url, tmp=tmp, env={"AUTOTUNE_LEASE_S": "60"})
-    service.start_controller(extra=["--admin-token", ADMIN])
-    yield service
-    service.stop()
+    yield from module_controller(
+        request, tmp_path_factory, env={"AUTOTUNE_LEASE_S": "60"}, extra=["--admin-token", ADMIN]
+    )
 
 
 def bearer(token: str) -> dict[str, str]:
