@@ -1,4 +1,8 @@
-"""`autotune measure` as a user runs it: one JSON object on success, exit code 2 and a named field on bad input."""
+"""`autotune measure` as a user runs it: one JSON object on success, exit code 2 and a named field on bad input.
+
+A measurement runs the console script.  Bad input runs the same app in-process (typer's runner), which ends
+errors where the console script does: it is refused before any TP group starts, so a subprocess per case would
+add only its own start-up (`tests/test_cli_bad_input.py` runs refusals through the console script itself)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from autotune.cli.app import app
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 BASE = ["measure", "--hidden", "64", "--tp", "2", "--seq", "32", "--backend", "cpu", "--repeats", "3"]
@@ -93,13 +100,14 @@ def test_measure_takes_a_gated_context_parallel_shape() -> None:
     ],
 )
 def test_bad_arguments_exit_2_naming_the_field(args: list[str], message: str) -> None:
-    done = run(*BASE, *args, "--json")
-    assert done.returncode == 2, (done.stdout, done.stderr)
+    done = CliRunner().invoke(app, [*BASE, *args, "--json"])
+    assert done.exit_code == 2, (done.stdout, done.stderr)
     assert done.stderr.startswith("error: ")
     assert message in done.stderr
 
 
 def test_bad_shape_exits_2() -> None:
-    done = run("measure", "--hidden", "65", "--tp", "2", "--seq", "32", "--layer", "qkv_fprop", "--method", "none")
-    assert done.returncode == 2
+    args = ["measure", "--hidden", "65", "--tp", "2", "--seq", "32", "--layer", "qkv_fprop", "--method", "none"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 2
     assert "hidden: must be divisible by tp=2" in done.stderr
