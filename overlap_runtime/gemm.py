@@ -100,10 +100,13 @@ _TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.92, (64, 128): 0.59}
 MAX_EARLY_WAITERS = 1 / 8
 """Share of a ring kernel's programs that `choose_config` lets start on a chunk still in flight."""
 
-_TAIL_FIXUP_COST = 22 * 128 * 256
-"""What `split_tail`'s fix-up (storing and re-reading fp32 parts) adds, in `choose_config`'s units (tile area
-x K steps): 15-20 us on one H200, the time of 22 K steps of 128x256 tiles (`bench/gemm_bench.py` sweep on
-the h5120 s2048 shapes, 2026-11-30)."""
+TAIL_FIXUP_STEPS = 22
+"""What `split_tail`'s fix-up (storing and re-reading fp32 parts) adds, in K steps of the config's own tile: it
+moves fp32 copies of the tile, so it grows with the tile's area.  15-20 us for 128x256 tiles on one H200, the
+time of 22 of their K steps (`bench/gemm_bench.py` sweep on the h5120 s2048 shapes, 2026-11-30).  Charged at
+128x256's size to 128x128 tiles too, it kept their split tails out where they win: on 2048x2560x5120 (one
+H100, 2026-12-06) 4 parts of 128x256 took 12.8 us to fix up and 2 parts of 128x128 5.0 us, and the whole
+GEMM took 91.6 us against 85.3 (cuBLAS 72.3)."""
 
 
 def _is_int(value: object) -> bool:
@@ -168,7 +171,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, gemm_sms: int, *, 
     The heuristic: a persistent kernel finishes when its busiest program does, after ``ceil(tiles /
     gemm_sms)`` tiles of ``steps = ceil(k / block_k)`` K steps each, so a config costs ``rounds * steps *
     tile_area / efficiency`` (`_TILE_EFFICIENCY`).  With `split_tail` the last, part-empty round costs
-    ``steps / splits`` plus the fix-up (`_TAIL_FIXUP_COST`).  The cheapest of LARGE, MEDIUM and SMALL, each
+    ``steps / splits`` plus the fix-up (`TAIL_FIXUP_STEPS`).  The cheapest of LARGE, MEDIUM and SMALL, each
     with and without a split tail, wins; ties go to the larger tile without split.  So big problems take
     128x256x64, and a split tail or 128x128 / 64x128 tiles take over when 128x256 tiles would leave most
     SMs idle in the last round.
@@ -210,7 +213,7 @@ def _costed_configs(
         choices.append((early, (full + (tail > 0)) * steps * area, cfg))
         splits = tail_splits(tiles, gemm_sms, steps)
         if splits:
-            cost = (full * steps + steps / splits) * area + _TAIL_FIXUP_COST
+            cost = (full * steps + steps / splits) * area + TAIL_FIXUP_STEPS * cfg.block_m * cfg.block_n
             choices.append((early, cost, dataclasses.replace(cfg, split_tail=True)))
     # min() keeps the first of equal keys: ties go to the larger tile, then to no split
     return choices
