@@ -166,8 +166,17 @@ def age(file: str, code: Sequence[str]) -> str:
     # By content, not by commits: a change that was reverted leaves the code as it was measured.
     if not git("diff", "--name-only", since, "HEAD", "--", *code).split():
         return f"{start}; {paths} have not changed since."
-    later = git("rev-list", "--reverse", "--topo-order", f"{since}..HEAD", "--", *code).split()
-    return f"{start}, before later changes to {paths} (from `{later[0][:7]}` on)."
+    return f"{start}, before later changes to {paths} (from `{first_lasting_change(since, code)[:7]}` on)."
+
+
+def first_lasting_change(since: str, code: Sequence[str]) -> str:
+    """The first commit after ``since`` from which ``code`` differs from ``since``'s all the way to HEAD: a change
+    and its revert before it do not count."""
+    first = ""
+    for commit in git("rev-list", "--reverse", "--topo-order", f"{since}..HEAD", "--", *code).split():
+        differs = bool(git("diff", "--name-only", since, commit, "--", *code).split())
+        first = (first or commit) if differs else ""
+    return first
 
 
 # --- the sections ---------------------------------------------------------------------------------------------
