@@ -31,8 +31,8 @@ test: $(STAMP) $(CHROMIUM) $(SLURM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	# Four test files at a time, the longest first (tests/conftest.py): most of the suite waits on controllers,
-	# workers and rank processes, not on the CPU.
+	# Four test files at a time, the longest first (tests/conftest.py): a test mostly waits for the controllers,
+	# workers and rank processes it started, so four pytest processes keep two cores busy with their work.
 	$(BIN)/pytest -q -n 4 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
