@@ -326,29 +326,37 @@ def test_compiling_does_not_count_against_the_timeout_but_against_the_compile_li
         assert group.starts == 2
 
 
-def test_hung_config_is_killed_within_its_timeout_and_the_group_recovers() -> None:
+@pytest.fixture(scope="module")
+def failing_runtime():
+    """A two-rank runtime that the tests killing its group share: each failure starts a fresh group anyway, so
+    a runtime of their own would only add a group start (seconds of CPU)."""
     with Runtime(tp=2, backend="cpu") as rt:
-        rt.measure(shape_for(2), Slot.QKV_FPROP, OverlapConfig(method="none"), repeats=3, warmup=1)
-        started = time.monotonic()
-        with pytest.raises(TrialFailure, match="hung") as info:
-            rt.group.run(_deadlock, timeout_s=3)
-        assert time.monotonic() - started < 3 + 10
-        assert "3 s" in info.value.reason
-        m = rt.measure(shape_for(2), Slot.QKV_FPROP, OverlapConfig(method="ring_exchange"), repeats=3, warmup=1)
-        assert m.valid
-        assert rt.group.starts == 2
+        yield rt
+
+
+def test_hung_config_is_killed_within_its_timeout_and_the_group_recovers(failing_runtime: Runtime) -> None:
+    rt = failing_runtime
+    rt.measure(shape_for(2), Slot.QKV_FPROP, OverlapConfig(method="none"), repeats=3, warmup=1)
+    starts = rt.group.starts
+    started = time.monotonic()
+    with pytest.raises(TrialFailure, match="hung") as info:
+        rt.group.run(_deadlock, timeout_s=3)
+    assert time.monotonic() - started < 3 + 10
+    assert "3 s" in info.value.reason
+    m = rt.measure(shape_for(2), Slot.QKV_FPROP, OverlapConfig(method="ring_exchange"), repeats=3, warmup=1)
+    assert m.valid
+    assert rt.group.starts == starts + 1
 
 
 def _lineage(ctx) -> tuple[int, int]:
     return os.getpid(), os.getppid()
 
 
-def test_a_group_spawns_rank_0_and_forks_the_other_ranks_from_it() -> None:
-    with TPGroup(tp=4, backend="cpu") as group:
-        (rank0, parent), *others = group.run(_lineage)
-        assert parent == os.getpid()
-        assert all(ppid == rank0 for _, ppid in others)  # so the group imported torch once, in rank 0
-        assert len({pid for pid, _ in others}) == 3
+def test_a_group_spawns_rank_0_and_forks_the_other_ranks_from_it(runtime: Runtime) -> None:
+    (rank0, parent), *others = runtime.group.run(_lineage)
+    assert parent == os.getpid()
+    assert all(ppid == rank0 for _, ppid in others)  # so the group imported torch once, in rank 0
+    assert len({pid for pid, _ in others}) == runtime.tp - 1
 
 
 @pytest.mark.skipif(any(f.exists() for f in NVIDIA_DRIVER_FILES), reason="NVIDIA's driver is loaded here")
@@ -360,11 +368,11 @@ def test_counting_gpus_on_a_host_without_nvidias_driver_imports_no_torch() -> No
     ]
 
 
-def test_crashed_rank_is_reported_and_the_group_recovers() -> None:
-    with Runtime(tp=2, backend="cpu") as rt:
-        with pytest.raises(TrialFailure, match=r"crashed: rank 1 died \(exit code 3\)"):
-            rt.group.run(_crash, timeout_s=30)
-        assert rt.measure(shape_for(2), Slot.PROJ_FPROP, OverlapConfig(method="none"), repeats=3, warmup=1).valid
+def test_crashed_rank_is_reported_and_the_group_recovers(failing_runtime: Runtime) -> None:
+    rt = failing_runtime
+    with pytest.raises(TrialFailure, match=r"crashed: rank 1 died \(exit code 3\)"):
+        rt.group.run(_crash, timeout_s=30)
+    assert rt.measure(shape_for(2), Slot.PROJ_FPROP, OverlapConfig(method="none"), repeats=3, warmup=1).valid
 
 
 def test_finalists_are_measured_interleaved_with_every_repeat_counted(runtime: Runtime) -> None:
