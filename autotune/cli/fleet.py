@@ -21,7 +21,7 @@ app = typer.Typer(
     help="Print a Slurm sbatch script or a Kubernetes Job that runs workers.",
 )
 
-Backend = Annotated[str, typer.Option(help="cuda | te | cpu: what every worker measures on")]
+BackendFlag = Annotated[str, typer.Option(help="cuda | te | cpu: what every worker measures on")]
 ExitWhenIdle = Annotated[
     float, typer.Option(help="Seconds with nothing to claim before a worker exits 0 and its task completes")
 ]
@@ -35,7 +35,7 @@ def slurm(
     array: Annotated[int | None, typer.Option(help="Array tasks of one node each (or --nodes)")] = None,
     nodes: Annotated[int | None, typer.Option(help="Nodes of one job, started together (default 1)")] = None,
     gpus_per_node: Annotated[int, typer.Option(help="GPUs of each node (0 for the cpu backend)")] = 8,
-    backend: Backend = "cuda",
+    backend: BackendFlag = "cuda",
     cpus_per_task: Annotated[int | None, typer.Option(help="CPUs of each worker (Slurm's default: 1)")] = None,
     partition: Annotated[str | None, typer.Option()] = None,
     account: Annotated[str | None, typer.Option()] = None,
@@ -70,7 +70,7 @@ def k8s(
     completions: Annotated[int, typer.Option(help="Pods in all, one worker each")] = 1,
     parallelism: Annotated[int | None, typer.Option(help="Pods at once (default: all)")] = None,
     gpus_per_pod: Annotated[int, typer.Option(help="nvidia.com/gpu of each pod (0 for the cpu backend)")] = 8,
-    backend: Backend = "cuda",
+    backend: BackendFlag = "cuda",
     cpus: Annotated[int, typer.Option(help="CPUs each pod requests")] = 4,
     name: Annotated[str, typer.Option(help="The Job's name")] = "autotune-workers",
     namespace: Annotated[str | None, typer.Option()] = None,
