@@ -13,6 +13,9 @@ would take for a hang.
 Only rank 0 is spawned: it imports torch, then forks the other ranks from itself before it starts any thread
 or touches a device, so a group (and its restart after a failed config) pays one torch import instead of ``tp``
 (about 3 CPU-seconds each).  Rank 0 reaps the ranks it forked and reports their exit codes to the parent.
+The ranks meet in a file (torch's FileStore in a fresh temporary folder), not on a TCP port: a port picked
+free by the parent can be taken by another group or program before rank 0 listens on it, which failed a
+start (EADDRINUSE) or, worse, let one group's rank join another's store and hang.
 
 The ranks never outlive the process that started them (a worker killed by ``kill -9``, an OOM kill, a lost
 node's agent): on Linux each rank asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``;
@@ -30,9 +33,10 @@ import ctypes
 import datetime
 import multiprocessing as mp
 import os
+import shutil
 import signal
-import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -99,12 +103,6 @@ PR_SET_PDEATHSIG = 1
 """prctl(2)'s option: the signal this process gets when its parent (thread) dies."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def signal_on_parent_death(sig: signal.Signals) -> bool:
     """Ask the kernel to send this process ``sig`` when its parent (thread) dies; whether it could (Linux only)."""
     if not sys.platform.startswith("linux"):
@@ -138,7 +136,8 @@ class _Start:
 
     tp: int
     backend: str
-    port: int
+    store_path: str
+    """The file the ranks meet in (torch's FileStore): a fresh one per start, in a folder the parent removes."""
     env: dict[str, str]
     conns: list[Connection]
     """The rank end of each rank's pipe to the parent."""
@@ -239,7 +238,7 @@ def _serve(start: _Start, rank: int) -> None:
     try:
         dist.init_process_group(
             pg_backend,
-            init_method=f"tcp://127.0.0.1:{start.port}",
+            init_method=f"file://{start.store_path}",
             rank=rank,
             world_size=start.tp,
             timeout=datetime.timedelta(seconds=600),
@@ -317,6 +316,8 @@ class TPGroup:
         self._exited: dict[int, int] = {}
         self._lifeline: Connection | None = None
         """The write end of the ranks' lifeline pipe: it closes when this process dies, and the ranks end."""
+        self._store_dir: str | None = None
+        """The folder of the current start's rendezvous file."""
         self.starts = 0
 
     def __enter__(self) -> TPGroup:
@@ -393,10 +394,11 @@ class TPGroup:
         lifeline, self._lifeline = ctx.Pipe(duplex=False)
         self._exits, exits = ctx.Pipe(duplex=False)
         pipes = [ctx.Pipe() for _ in range(self.tp)]
+        self._store_dir = tempfile.mkdtemp(prefix="tp-group-")
         start = _Start(
             tp=self.tp,
             backend=self.backend,
-            port=_free_port(),
+            store_path=os.path.join(self._store_dir, "store"),
             env=self.env,
             conns=[child for _, child in pipes],
             exits=exits,
@@ -448,6 +450,9 @@ class TPGroup:
             if end is not None:
                 end.close()
         self._rank0, self._conns, self._lifeline, self._exits, self._exited = None, [], None, None, {}
+        if self._store_dir is not None:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+            self._store_dir = None
 
 
 class _WatchdogClock:

@@ -8,6 +8,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -324,6 +325,22 @@ def test_compiling_does_not_count_against_the_timeout_but_against_the_compile_li
             group.run(_compile_slowly, 60, timeout_s=4)
         assert group.run(_compile_slowly, 0, timeout_s=10) == [0, 1]  # a fresh group after the failure
         assert group.starts == 2
+
+
+def _world_size(ctx) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size()
+
+
+def test_groups_meet_in_files_of_their_own_that_closing_removes(tmp_path, monkeypatch) -> None:
+    # Not on a port picked free beforehand: another program could take it before rank 0 listened on it, which
+    # failed starts in CI (EADDRINUSE) and once let a rank join another group's store and hang.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with TPGroup(tp=2, backend="cpu") as one, TPGroup(tp=2, backend="cpu") as two:
+        assert one.run(_world_size) == two.run(_world_size) == [2, 2]
+        assert len(list(tmp_path.iterdir())) == 2
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.fixture(scope="module")
