@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from ports import free_port
 
 from api.schemas import JobPublic
 from autotune.client import Client
@@ -49,12 +49,6 @@ CLI_HEARTBEAT_TIMEOUT_S = 600
 """`cpu_service`'s heartbeat timeout: longer than any stall of a worker on a loaded machine."""
 START_TIMEOUT_S = 60.0
 CLI = [sys.executable, "-c", "from autotune.cli.app import main; main()"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(check: Callable[[], Any], *, timeout_s: float, what: str, every_s: float = 0.2) -> Any:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 MARIADB = ["mysql", "--protocol=tcp", "-h", "127.0.0.1", "-P", "3306", "-u", "root"]
 NODE = "fleet-node"
@@ -36,12 +37,6 @@ NODE_CPUS = 4
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmdbd", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -120,7 +115,7 @@ def slurm() -> Iterator[SlurmCluster]:
     root.chmod(0o755)
     name = f"at{uuid.uuid4().hex[:10]}"
     database = f"slurm_{name}"
-    ctld_port, slurmd_port, dbd_port = _free_port(), _free_port(), _free_port()
+    ctld_port, slurmd_port, dbd_port = free_ports(3)
     sock = root / "munge.socket"
     key = root / "munge.key"
     key.write_bytes(os.urandom(1024))

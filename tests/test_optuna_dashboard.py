@@ -83,7 +83,8 @@ def test_optuna_loads_the_services_studies_with_their_trials(
 
 def _dashboard_lists(db_url: str, names: list[str], tmp_path: Path) -> None:
     """optuna-dashboard, pointed at the same URL as the README says, serves the studies and their trials."""
-    from conftest_service import free_port, wait_until
+    from conftest_service import wait_until
+    from ports import free_port
 
     port = free_port()
     log = (tmp_path / "dashboard.log").open("w")
