@@ -1,0 +1,442 @@
+"""Probe: can a Gluon kernel hide the fused reduce-scatter's read of the received partial (issue 33)?
+
+Our Triton scatter kernel adds the received partial after each tile's K loop, and that read is exposed: on
+one H100 a plain kernel took 57.6 us unflattened and 69.3 us with a TMA read of a bf16 [M, N] partial after
+the K loop (8192x2048x1024 BF16, cuBLAS 52.9 us; bench/results/README.md).  Triton cannot start a load into
+shared memory early and wait for it later; Gluon can.  This probe times, on one GPU, beside cuBLAS and our
+`gemm.matmul`, persistent Hopper GEMMs written in Gluon, each with and without (``_add``) a bf16 partial tile
+that it loads by TMA while the tile's MMAs run and adds before the store:
+
+    gluon              one partition: TMA loads through a 3-stage ring, async wgmma, the next loads issued
+                       under the current MMAs; the partial lands in the epilogue's buffer halfway through
+                       the K loop (after the last tile's store left it)
+    gluon_ws           warp-specialized: a loader warp keeps the ring full, two MMA warpgroups (128x256
+                       tiles) run the wgmma and the epilogue; the partial as above
+    gluon_ws_128       the same on 128x128 tiles and one MMA warpgroup, five stages
+    gluon_ws_128_s4    four stages, and ``_add2``: the partial loaded at the tile's start into a ring of two
+                       buffers of its own, so neither side ever waits for the other to free it
+
+    python bench/gluon_probe.py [--out X.json]
+
+BF16 only: an FP8 wgmma reads b K-major, which this probe does not set up.
+"""
+
+# Gluon compiles these kernels from their Python AST: a list built with `*` does not compile, and an `if` on a
+# constexpr is resolved at compile time, so it stays apart from the runtime test nested in it.
+# ruff: noqa: RUF005, SIM102
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+from bench.environment import environment  # noqa: E402
+from bench.timing import Operands, l2_bytes, rel_err, time_interleaved  # noqa: E402
+from overlap_runtime import gemm  # noqa: E402
+
+SHAPES = ((8192, 2048, 1024), (4096, 4096, 2048), (2048, 2560, 5120), (4096, 8192, 4096), (8192, 8192, 8192))
+"""(m, n, k): h2048 s8192 proj_fprop (both chunks), h4096 s4096 proj_fprop, our worst plain BF16 shape, h8192
+s4096 proj_fprop, a large square."""
+
+
+@gluon.constexpr_function
+def _acc_layout(block_m, block_n, num_warps):
+    """The wgmma accumulator's register layout: warpgroups stacked along M, one instruction as wide in N as
+    the tile allows (at most 256)."""
+    warps = [4, num_warps // 4] if block_m < 64 * (num_warps // 4) else [num_warps, 1]
+    n = min(256, block_n // warps[1])
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def _schedule(a_desc, b_desc):
+    """This program's share of the persistent grid: (tile rows, tile columns, K steps, first tile, stride, its
+    tiles)."""
+    num_pid_m = gl.cdiv(a_desc.shape[0], a_desc.block_type.shape[0])
+    num_pid_n = gl.cdiv(b_desc.shape[1], b_desc.block_type.shape[1])
+    k_tiles = gl.cdiv(a_desc.shape[1], a_desc.block_type.shape[1])
+    start = gl.program_id(0)
+    step = gl.num_programs(0)
+    return num_pid_m, num_pid_n, k_tiles, start, step, gl.cdiv(num_pid_m * num_pid_n - start, step)
+
+
+@gluon.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    group = GROUP_M * num_pid_n
+    first_m = (tile // group) * GROUP_M
+    size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile % group) % size_m, (tile % group) // size_m
+
+
+@gluon.jit
+def _issue_load(load, total, a_desc, b_desc, bars, a_bufs, b_bufs, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+    """TMA loads of this program's ``load``-th (a, b) K step, counted over all its tiles, into stage
+    ``load % STAGES`` (predicated off past the last)."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    num_pid_m, num_pid_n, k_tiles, start, step, _ = _schedule(a_desc, b_desc)
+    valid = load < total
+    t = load // k_tiles
+    kk = load - t * k_tiles
+    pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+    s = load % STAGES
+    bar = bars.index(s)
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=valid)
+    tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BLOCK_K], bar, a_bufs.index(s), pred=valid)
+    tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, pid_n * BLOCK_N], bar, b_bufs.index(s), pred=valid)
+
+
+@gluon.jit
+def _probe_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    p_desc,
+    ADD: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    dtype: gl.constexpr = a_desc.dtype
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, b_desc)
+    total = my_tiles * k_tiles
+
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    # one buffer for the tile's partial (loaded by TMA) and its result (stored by TMA): both do not fit
+    c_smem = gl.allocate_shared_memory(dtype, c_desc.block_type.shape, c_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    mbarrier.init(p_bar, count=1)
+    for i in gl.static_range(STAGES - 1):
+        _issue_load(i, total, a_desc, b_desc, bars, a_bufs, b_bufs, STAGES, GROUP_M)
+
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    load = 0
+    for t in range(my_tiles):
+        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        for kk in range(k_tiles):
+            s = load % STAGES
+            mbarrier.wait(bars.index(s), (load // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            # one wgmma in flight: the one before it is done, so its stage takes the next load
+            acc, _, _ = warpgroup_mma_wait(1, deps=(acc, a_bufs.index(s), b_bufs.index(s)))
+            _issue_load(load + STAGES - 1, total, a_desc, b_desc, bars, a_bufs, b_bufs, STAGES, GROUP_M)
+            if ADD:
+                if kk == k_tiles // 2:
+                    # the last tile's store must have left the buffer the partial lands in
+                    tma.store_wait(pendings=0)
+                    mbarrier.expect(p_bar, p_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(p_desc, [off_m, off_n], p_bar, c_smem)
+            load += 1
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        if ADD:
+            mbarrier.wait(p_bar, t & 1)
+            part = c_smem.load(acc_layout)
+            out = (acc + part.to(gl.float32)).to(dtype)
+        else:
+            tma.store_wait(pendings=0)
+            out = acc.to(dtype)
+        c_smem.store(out)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _ws_loader(
+    a_desc,
+    b_desc,
+    p_desc,
+    a_bufs,
+    b_bufs,
+    p_bufs,
+    empty,
+    ready,
+    p_empty,
+    p_ready,
+    ADD: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    P_BUFS: gl.constexpr,
+):
+    """The loader warp: every tile's (a, b) K steps into the ring, ahead of the MMAs by as many stages as are
+    free, and with ADD the tile's partial: into the epilogue's buffer halfway through the tile once the MMA
+    warps have stored the last tile from it (P_BUFS 0), or at the tile's start into a ring of P_BUFS buffers
+    of its own."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, b_desc)
+    load = 0
+    for t in range(my_tiles):
+        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        for kk in range(k_tiles):
+            s = load % STAGES
+            # a fresh barrier counts as freed once: the first pass over the ring does not wait
+            mbarrier.wait(empty.index(s), ((load // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BLOCK_K], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, pid_n * BLOCK_N], bar, b_bufs.index(s))
+            if ADD:
+                if P_BUFS == 0:
+                    if kk == k_tiles // 2:
+                        # after this step's load, so the MMA warps can reach the step where they free c_smem
+                        _load_partial(p_desc, p_bufs, p_empty, p_ready, 0, t & 1, pid_m, pid_n)
+                elif kk == 0:
+                    # the buffer's last partial (P_BUFS tiles ago) was read long before: no wait in practice
+                    pb = t % P_BUFS
+                    _load_partial(p_desc, p_bufs, p_empty, p_ready, pb, ((t // P_BUFS) & 1) ^ 1, pid_m, pid_n)
+            load += 1
+
+
+@gluon.jit
+def _load_partial(p_desc, p_bufs, p_empty, p_ready, pb, phase, pid_m, pid_n):
+    mbarrier.wait(p_empty.index(pb), phase)
+    bar = p_ready.index(pb)
+    mbarrier.expect(bar, p_desc.block_type.nbytes)
+    off = [pid_m * p_desc.block_type.shape[0], pid_n * p_desc.block_type.shape[1]]
+    tma.async_copy_global_to_shared(p_desc, off, bar, p_bufs.index(pb))
+
+
+@gluon.jit
+def _ws_mma(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_smem,
+    p_bufs,
+    empty,
+    ready,
+    p_empty,
+    p_ready,
+    ADD: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    P_BUFS: gl.constexpr,
+):
+    """The MMA warps (the default partition): async wgmma over the ring, freeing each stage once the MMA after
+    it was issued, then the epilogue (with ADD, the partial the loader put in ``p_bufs`` added first)."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    dtype: gl.constexpr = c_desc.dtype
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, gl.num_warps())
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, b_desc)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    load = 0
+    for t in range(my_tiles):
+        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        for kk in range(k_tiles):
+            s = load % STAGES
+            mbarrier.wait(ready.index(s), (load // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(1, deps=(acc, a_bufs.index(s), b_bufs.index(s)))
+            mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES), pred=kk > 0)
+            if ADD and P_BUFS == 0:
+                if kk == k_tiles // 2:
+                    tma.store_wait(pendings=0)
+                    mbarrier.arrive(p_empty.index(0))
+            load += 1
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES))
+        if ADD:
+            pb = t % gl.maximum(P_BUFS, 1)
+            mbarrier.wait(p_ready.index(pb), (t // gl.maximum(P_BUFS, 1)) & 1)
+            part = p_bufs.index(pb).load(acc_layout)
+            if P_BUFS > 0:
+                mbarrier.arrive(p_empty.index(pb))
+            out = (acc + part.to(gl.float32)).to(dtype)
+        else:
+            out = acc.to(dtype)
+        if not (ADD and P_BUFS == 0):
+            tma.store_wait(pendings=0)
+        c_smem.store(out)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _ws_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    p_desc,
+    ADD: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    P_BUFS: gl.constexpr,
+    LOADER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    dtype: gl.constexpr = a_desc.dtype
+    PB: gl.constexpr = max(P_BUFS, 1)
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_smem = gl.allocate_shared_memory(dtype, c_desc.block_type.shape, c_desc.layout)
+    if P_BUFS == 0:  # the partial lands in the epilogue's buffer
+        p_bufs = c_smem._reinterpret(dtype, [1] + c_desc.block_type.shape, c_desc.layout)
+    else:
+        p_bufs = gl.allocate_shared_memory(dtype, [P_BUFS] + c_desc.block_type.shape, c_desc.layout)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_empty = gl.allocate_shared_memory(gl.int64, [PB, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [PB, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(PB):
+        mbarrier.init(p_empty.index(i), count=1)
+        mbarrier.init(p_ready.index(i), count=1)
+    gl.warp_specialize(
+        [
+            (
+                _ws_mma,
+                (
+                    a_desc,
+                    b_desc,
+                    c_desc,
+                    a_bufs,
+                    b_bufs,
+                    c_smem,
+                    p_bufs,
+                    empty,
+                    ready,
+                    p_empty,
+                    p_ready,
+                    ADD,
+                    STAGES,
+                    GROUP_M,
+                    P_BUFS,
+                ),
+            ),
+            (
+                _ws_loader,
+                (
+                    a_desc,
+                    b_desc,
+                    p_desc,
+                    a_bufs,
+                    b_bufs,
+                    p_bufs,
+                    empty,
+                    ready,
+                    p_empty,
+                    p_ready,
+                    ADD,
+                    STAGES,
+                    GROUP_M,
+                    P_BUFS,
+                ),
+            ),
+        ],
+        [1],
+        [LOADER_REGS],
+    )
+
+
+def gluon_matmul(a, b, out, partial=None, *, ws=False, block=(128, 256, 64), stages=3, group_m=8, warps=8, p_bufs=0):
+    bm, bn, bk = block
+    lay = gl.NVMMASharedLayout.get_default_for
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk], lay([bm, bk], gl.bfloat16))
+    b_desc = TensorDescriptor.from_tensor(b, [bk, bn], lay([bk, bn], gl.bfloat16))
+    c_layout = lay([bm, bn], gl.bfloat16)
+    c_desc = TensorDescriptor.from_tensor(out, [bm, bn], c_layout)
+    p_desc = TensorDescriptor.from_tensor(partial if partial is not None else out, [bm, bn], c_layout)
+    tiles = triton.cdiv(out.shape[0], bm) * triton.cdiv(out.shape[1], bn)
+    grid = (min(gemm.device_sm_count(a.device), tiles),)
+    if ws:
+        _ws_kernel[grid](
+            a_desc, b_desc, c_desc, p_desc, partial is not None, stages, group_m, p_bufs, 40, num_warps=warps
+        )
+    else:
+        _probe_kernel[grid](a_desc, b_desc, c_desc, p_desc, partial is not None, stages, group_m, num_warps=warps)
+    return out
+
+
+M128 = {"block": (128, 128, 64), "stages": 5, "warps": 4}
+"""128x128 tiles on one warpgroup."""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--repeats", type=int, default=60)
+    args = parser.parse_args()
+    rows = []
+    for m, n, k in SHAPES:
+        ops = Operands(m, n, k, l2_bytes(), seed=0)
+        partial = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        variants = {
+            "cublas": lambda a, b, o: torch.mm(a, b, out=o),
+            "ours": lambda a, b, o: gemm.matmul(a, b, o),
+            "gluon": lambda a, b, o: gluon_matmul(a, b, o),
+            "gluon_add": lambda a, b, o, p=partial: gluon_matmul(a, b, o, p),
+            "gluon_ws": lambda a, b, o: gluon_matmul(a, b, o, ws=True),
+            "gluon_ws_add": lambda a, b, o, p=partial: gluon_matmul(a, b, o, p, ws=True),
+            "gluon_ws_128": lambda a, b, o: gluon_matmul(a, b, o, ws=True, **M128),
+            "gluon_ws_128_add": lambda a, b, o, p=partial: gluon_matmul(a, b, o, p, ws=True, **M128),
+            # four stages leave room for two partial buffers of their own (224 KiB of shared memory in all)
+            "gluon_ws_128_s4": lambda a, b, o: gluon_matmul(a, b, o, ws=True, **(M128 | {"stages": 4})),
+            "gluon_ws_128_add2": lambda a, b, o, p=partial: gluon_matmul(
+                a, b, o, p, ws=True, p_bufs=2, **(M128 | {"stages": 4})
+            ),
+        }
+        a, b, o = ops.sets[0]
+        ref = a.float() @ b.float()
+        errs = {}
+        for name, fn in variants.items():
+            o.fill_(float("nan"))
+            fn(a, b, o)
+            want = ref + partial.float() if name.endswith("_add") else ref
+            errs[name] = rel_err(o, want)
+        times = time_interleaved(ops, variants, warmup=10, repeats=args.repeats)
+        base = times["cublas"]["ms"]
+        row = {"m": m, "n": n, "k": k, "rel_err": errs, "times": times}
+        row["vs_cublas"] = {name: t["ms"] / base for name, t in times.items()}
+        rows.append(row)
+        print(
+            f"{m}x{n}x{k}: "
+            + "  ".join(f"{name} {t['ms'] * 1e3:7.1f} us ({row['vs_cublas'][name]:.3f}x)" for name, t in times.items())
+            + "  errs "
+            + " ".join(f"{name} {e:.1e}" for name, e in errs.items()),
+            flush=True,
+        )
+    if args.out:
+        args.out.write_text(json.dumps({"env": environment(), "rows": rows}, indent=1, default=str) + "\n")
+    bad = [r for r in rows if max(r["rel_err"].values()) > 1e-2]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
