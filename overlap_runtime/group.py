@@ -15,7 +15,7 @@ or touches a device, so a group (and its restart after a failed config) pays one
 (about 3 CPU-seconds each).  Rank 0 reaps the ranks it forked and reports their exit codes to the parent.
 The ranks meet in a file (torch's FileStore in a fresh temporary folder), not on a TCP port: a port picked
 free by the parent can be taken by another group or program before rank 0 listens on it, which failed a
-start (EADDRINUSE) or, worse, let one group's rank join another's store and hang.
+start with EADDRINUSE (a rank could as well reach another group's store on that port).
 
 The ranks never outlive the process that started them (a worker killed by ``kill -9``, an OOM kill, a lost
 node's agent): on Linux each rank asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``;

@@ -335,7 +335,7 @@ def _world_size(ctx) -> int:
 
 def test_groups_meet_in_files_of_their_own_that_closing_removes(tmp_path, monkeypatch) -> None:
     # Not on a port picked free beforehand: another program could take it before rank 0 listened on it, which
-    # failed starts in CI (EADDRINUSE) and once let a rank join another group's store and hang.
+    # failed a start in a CI rehearsal (EADDRINUSE).
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with TPGroup(tp=2, backend="cpu") as one, TPGroup(tp=2, backend="cpu") as two:
         assert one.run(_world_size) == two.run(_world_size) == [2, 2]
