@@ -405,8 +405,11 @@ class TPGroup:
             parent_pid=os.getpid(),
             lifeline=lifeline,
         )
-        self._rank0 = ctx.Process(target=_group_main, args=(start,), daemon=True)
-        self._rank0.start()
+        rank0 = ctx.Process(target=_group_main, args=(start,), daemon=True)
+        # Kept only once started: a signal inside start() (a worker's SIGTERM) would leave close() a process it
+        # cannot join, and a rank 0 that start() may have made ends when close() shuts the lifeline.
+        rank0.start()
+        self._rank0 = rank0
         for end in (lifeline, exits, *start.conns):
             end.close()
         self._conns = [parent for parent, _ in pipes]

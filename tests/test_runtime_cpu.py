@@ -343,6 +343,24 @@ def test_groups_meet_in_files_of_their_own_that_closing_removes(tmp_path, monkey
     assert not list(tmp_path.iterdir())
 
 
+class _Unsendable(str):
+    """An environment value that cannot reach rank 0: starting the group fails inside ``Process.start``."""
+
+    def __reduce__(self):
+        raise RuntimeError("cannot be sent to rank 0")
+
+
+def test_a_start_that_fails_inside_process_start_leaves_a_group_that_closes(tmp_path, monkeypatch) -> None:
+    # As a worker's SIGTERM did, landing while rank 0 was being started: close() then joined a process that had
+    # never started and raised, and the worker exited 1 instead of handing its trial back.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    group = TPGroup(tp=2, backend="cpu", env={"X": _Unsendable("x")})
+    with pytest.raises(RuntimeError, match="cannot be sent"):
+        group.run(_world_size)
+    group.close()
+    assert not group.alive and not list(tmp_path.iterdir())
+
+
 @pytest.fixture(scope="module")
 def failing_runtime():
     """A two-rank runtime that the tests killing its group share: each failure starts a fresh group anyway, so
