@@ -351,8 +351,8 @@ class _Unsendable(str):
 
 
 def test_a_start_that_fails_inside_process_start_leaves_a_group_that_closes(tmp_path, monkeypatch) -> None:
-    # As a worker's SIGTERM did, landing while rank 0 was being started: close() then joined a process that had
-    # never started and raised, and the worker exited 1 instead of handing its trial back.
+    # As a worker's SIGTERM did when it landed while rank 0 was being started (seen with a fork server, whose
+    # start is slower): close() joined a process that had never started and raised, and the worker exited 1.
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     group = TPGroup(tp=2, backend="cpu", env={"X": _Unsendable("x")})
     with pytest.raises(RuntimeError, match="cannot be sent"):
