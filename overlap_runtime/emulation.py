@@ -4,7 +4,10 @@ staging) on CPU, and a missing wait or an early flag gives wrong numbers there a
 
 - Streams (`HostStream`): a thread each, running the work queued on it in order; the host only queues, as
   with CUDA.  Events (`HostEvent`) are recorded and awaited in stream order, and carry the time they were
-  recorded (`device.Timer`).  The rank's main stream is one of them.
+  recorded (`device.Timer`).  The rank's main stream is one of them.  `HostDevice.synchronize` skips idle
+  streams, and outside `Device.jittered` (where every op keeps its random delay) an event recorded on an
+  idle stream is recorded at once by the host and a wait for an event already recorded is not queued: the
+  same order with fewer thread hand-offs, which are much of what a timed repeat costs on CPU.
 - Symmetric memory: every rank maps every rank's buffer, a file in shared memory created once per buffer and
   unlinked once all ranks mapped it (`HostDevice.symmetric`).  A copy into a peer's buffer is a memcpy into
   its mapping; the "copy engine" is the comm stream's thread.
@@ -69,18 +72,25 @@ class HostEvent:
     """A point in a stream's order: set when the stream has run everything queued before it."""
 
     def __init__(self, limit_s: float = WAIT_LIMIT_S) -> None:
-        self._done = threading.Event()
+        # Held until recorded: a lock hands one waiter over in one futex call each way, where an Event's
+        # condition variable takes several (the emulation waits on thousands of events per measurement).
+        self._pending = threading.Lock()
+        self._pending.acquire()
         self.limit_s = limit_s
         self.time = math.nan
         """`time.perf_counter` when recorded."""
 
     def record(self) -> None:
         self.time = time.perf_counter()
-        self._done.set()
+        self._pending.release()
+
+    def recorded(self) -> bool:
+        return not self._pending.locked()
 
     def wait(self) -> None:
-        if not self._done.wait(self.limit_s):
+        if not self._pending.acquire(timeout=self.limit_s):
             raise StreamError(f"an event was not recorded within {self.limit_s:g} s")
+        self._pending.release()  # the next waiter of the same event passes too
 
 
 class HostStream:
@@ -91,13 +101,23 @@ class HostStream:
         self.name = name
         """"main", "nccl", or the name `HostDevice.stream` was given."""
         self._queue: queue.SimpleQueue[Callable[[], Any]] = queue.SimpleQueue()
+        # `idle` compares the two counts: the submitted one must never lag the queue, whichever thread queues.
+        self._submitting = threading.Lock()
+        self._submitted = 0
+        self._finished = 0
         self.error: BaseException | None = None
         threading.Thread(
             target=self._run, args=(torch.get_num_threads(),), name=f"rank{rank}-{name}", daemon=True
         ).start()
 
     def submit(self, work: Callable[[], Any]) -> None:
-        self._queue.put(work)
+        with self._submitting:
+            self._submitted += 1
+            self._queue.put(work)
+
+    def idle(self) -> bool:
+        """Everything queued so far has run (only this stream's thread counts work finished)."""
+        return self._finished == self._submitted
 
     def _run(self, threads: int) -> None:
         # OpenMP's thread count is per thread: without this a stream's matmuls would use every core, and
@@ -113,6 +133,7 @@ class HostStream:
             except BaseException as e:
                 if self.error is None:
                     self.error = e
+            self._finished += 1
 
 
 class HostDevice(Device):
@@ -169,14 +190,21 @@ class HostDevice(Device):
 
     def mark(self) -> HostEvent:
         event = HostEvent(self.wait_limit_s)
-        self._submit(event.record)
+        if self._draws is None and self._current.idle():
+            event.record()  # the stream would run it at once: the same time, without waking its thread
+        else:
+            self._submit(event.record)
         return event
 
     def _wait_event(self, mark: HostEvent) -> None:
+        if self._draws is None and mark.recorded():
+            return  # a wait that would pass at once
         self._submit(mark.wait)
 
     def synchronize(self) -> None:
         for stream in self._all_streams():
+            if stream.idle():
+                continue
             done = HostEvent(self.wait_limit_s)
             stream.submit(done.record)
             done.wait()
