@@ -31,6 +31,9 @@ test: $(STAMP) $(CHROMIUM) $(SLURM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	# Where Python is told not to write bytecode (PYTHONDONTWRITEBYTECODE, set on our CI machines), each of the
+	# suite's hundreds of controllers, CLI runs and rank processes would compile the project's modules anew.
+	$(BIN)/python -m compileall -q -j 0 api autotune bench overlap_runtime search_spaces storage
 	# Four test files at a time, the longest first (tests/conftest.py): a test mostly waits for the controllers,
 	# workers and rank processes it started, so four pytest processes keep two cores busy with their work.
 	$(BIN)/pytest -q -n 4 --dist loadfile --no-loadscope-reorder
