@@ -1,0 +1,92 @@
+"""A wide sweep of tile configs on the layer shapes where our GEMM loses most to the library (one GPU).
+
+`bench/gemm_bench.py` sweeps the few configs `gemm.choose_config` picks from; this one asks whether any
+other config the kernel accepts (tile sizes, K depth, warps, stages, split tail) closes the gap on the worst
+shapes, before anyone grows the heuristic's candidates:
+
+    python bench/tile_explore.py --out bench/results/tile_explore_h200.json          # CUDA, a few minutes
+
+Timing and checks as gemm_bench's (`bench.timing`, variants interleaved, relative error <= 1e-2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from bench.environment import environment
+from bench.gemm_bench import Bench, GemmShape
+from bench.timing import library, scales, write_json
+from overlap_runtime import gemm
+
+WORST = {
+    "bf16": [(2048, 2560, 5120), (3456, 2560, 8192), (2048, 6912, 5120), (2048, 5120, 6912)],
+    "fp8": [(2048, 2560, 5120), (3456, 2560, 8192), (4608, 3072, 8192), (2048, 6912, 5120), (3840, 2560, 8192)],
+}
+"""The worst layer shapes of bench/results/gemm_h200.json and gemm_fp8_h200.json (commit 3a6ef9b)."""
+SMEM_BYTES = 232448 - gemm.SMEM_SLACK
+"""An H100's or H200's opt-in shared memory per program, less Triton's own."""
+
+
+def configs(dtype: torch.dtype) -> list[gemm.GemmTileConfig]:
+    """Every (tile, K depth, warps, stages, split tail) whose stages and staging half-tile fit in shared memory."""
+    size = 1 if dtype == gemm.FP8 else 2
+    out = []
+    tiles = ((128, 128), (128, 256), (256, 128), (64, 256))
+    for (bm, bn), bk_bytes, warps, stages, st in itertools.product(
+        tiles, (128, 256), (4, 8), (3, 4, 5, 6, 7), (False, True)
+    ):
+        bk = bk_bytes // size
+        need = stages * (bm + bn) * bk * size + bm * bn // 2 * 2
+        if need > SMEM_BYTES or (warps == 4 and bm * bn > 128 * 128) or stages * bk_bytes < 256:
+            continue
+        out.append(
+            gemm.GemmTileConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, split_tail=st)
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    payload: dict = {"env": environment(), "results": {}}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp8", gemm.FP8)):
+        bench = Bench(dtype=dtype, warmup=5, repeats=args.repeats)
+        rows = []
+        for m, n, k in WORST[name]:
+            shape = GemmShape(m=m, n=n, k=k, labels=())
+            variants = {"library": library, "heuristic": lambda a, b, o: gemm.matmul(a, b, o, **scales(a))}
+            for cfg in configs(dtype):
+                variants[cfg.label()] = lambda a, b, o, cfg=cfg: gemm.matmul(a, b, o, config=cfg, **scales(a))
+            timed = bench.measure(shape, variants, seed=3)
+            lib = timed["library"]["ms"]
+            ranked = sorted(
+                ((lib / r["ms"], label) for label, r in timed.items() if r.get("correct") and "ms" in r),
+                reverse=True,
+            )
+            top = [label for _, label in ranked[:8]]
+            print(f"{name} {m}x{n}x{k}: library {lib * 1e3:.1f} us, heuristic "
+                  f"{lib / timed['heuristic']['ms']:.3f}; best " + ", ".join(f"{s:.3f} {lab}" for s, lab in ranked[:6]),
+                  flush=True)  # fmt: skip
+            rows.append(
+                {"m": m, "n": n, "k": k, "library_ms": lib, "ranked": ranked, "top": {t: timed[t] for t in top}}
+            )
+            payload["results"][name] = rows
+            payload["failures_" + name] = bench.failures
+            payload["wall_s"] = time.monotonic() - started
+            write_json(args.out, payload)  # after every shape: a run cut short keeps what it measured
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
