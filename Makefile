@@ -36,7 +36,9 @@ test: $(STAMP) $(CHROMIUM) $(SLURM)
 	$(BIN)/python -m compileall -q -j 0 api autotune bench overlap_runtime search_spaces storage
 	# Four test files at a time, the longest first (tests/conftest.py): a test mostly waits for the controllers,
 	# workers and rank processes it started, so four pytest processes keep two cores busy with their work.
-	$(BIN)/pytest -q -n 4 --dist loadfile --no-loadscope-reorder
+	# One BLAS/OpenMP thread per process: four test processes (Triton's interpreter multiplies with numpy) beside
+	# the rank processes already fill the cores, and idle BLAS threads spin before they sleep.
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -q -n 4 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .
