@@ -17,6 +17,8 @@ staging) on CPU, and a missing wait or an early flag gives wrong numbers there a
   reordered against each other (TSO), so data written before a flag is visible to the reader that saw it.
 - Collectives (gloo) run on one "NCCL" stream per communicator in the order the host issued them, each
   once the issuing stream reached it, as NCCL's own stream does; ``Work.wait`` makes the current stream wait.
+- The alignment before every timed repeat (`HostDevice.align`) waits for the peers in shared memory
+  (`Arrivals`), not in a gloo barrier.
 - Kernels that wait for flags themselves run as host code with the same waits and counts (`host_kernels`).
 - Under `Device.jittered` every queued op may first sleep a random while (`races.Jitter`), so streams and
   ranks overtake each other in ever different orders.
@@ -136,6 +138,25 @@ class HostStream:
             self._finished += 1
 
 
+class Arrivals:
+    """A barrier in shared memory, for the alignment before every timed repeat: gloo's barrier (a worker thread
+    and a TCP round trip per call) cost about 1 ms of CPU a repeat, as much as a small repeat itself.  Each rank
+    counts its arrivals in its own int32 word of a `HostDevice.symmetric` buffer and waits until every peer's
+    count reached its own; counts only grow, so one word per rank serves every call."""
+
+    def __init__(self, mine: torch.Tensor, peers: list[torch.Tensor], *, limit_s: float) -> None:
+        self._mine = mine.numpy()
+        self._peers = peers
+        self._count = 0
+        self.limit_s = limit_s
+
+    def wait(self) -> None:
+        self._count += 1
+        self._mine[0] = self._count
+        for peer in self._peers:
+            wait_until(peer, 0, self._count, limit_s=self.limit_s)
+
+
 class HostDevice(Device):
     """The primitives of one rank on CPU, emulated (see the module docstring)."""
 
@@ -156,6 +177,7 @@ class HostDevice(Device):
         self._current = self._main
         self._streams: dict[tuple[str, int, int], HostStream] = {}
         self._comm_streams: dict[CommOptions, HostStream] = {}
+        self._arrivals: Arrivals | None = None
 
     def _all_streams(self) -> list[HostStream]:
         return [self._main, *self._streams.values(), *self._comm_streams.values()]
@@ -273,6 +295,12 @@ class HostDevice(Device):
         return Work([lambda: self._wait_event(done)])
 
     def align(self, host_ms: float = 0.0) -> None:
-        """Start all ranks together: every stream idle, then a barrier."""
+        """Start all ranks together: every stream idle, then every rank arrived (`Arrivals`, made by the first
+        call, which every rank makes at the same point: alignment is collective)."""
         self.synchronize()
-        self.barrier()
+        if self.tp == 1:
+            return
+        if self._arrivals is None:
+            mine, peers = self.symmetric((1,), torch.int32)
+            self._arrivals = Arrivals(mine, peers, limit_s=self.wait_limit_s)
+        self._arrivals.wait()

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from overlap_runtime.emulation import HostDevice, HostEvent, HostStream
+from overlap_runtime.emulation import Arrivals, HostDevice, HostEvent, HostStream
 from overlap_runtime.host_kernels import StreamError
 
 
@@ -71,3 +71,20 @@ def test_an_error_on_a_stream_that_went_idle_still_fails_the_next_synchronize(de
     with pytest.raises(StreamError, match="ZeroDivisionError on stream main: planted"):
         dev.synchronize()
     dev.synchronize()  # reported once
+
+
+def test_arrivals_hold_each_rank_until_every_peer_arrived_and_fail_past_their_limit() -> None:
+    words = [torch.zeros(1, dtype=torch.int32) for _ in range(2)]
+    ranks = [Arrivals(words[r], words, limit_s=5) for r in range(2)]
+    passed: list[int] = []
+    first = threading.Thread(target=lambda: (ranks[0].wait(), passed.append(1), ranks[0].wait(), passed.append(2)))
+    first.start()
+    time.sleep(0.05)
+    assert passed == []  # rank 1 has not arrived yet
+    ranks[1].wait()
+    ranks[1].wait()
+    first.join(5)
+    assert passed == [1, 2] and [int(w[0]) for w in words] == [2, 2]
+    alone = Arrivals(torch.zeros(1, dtype=torch.int32), [torch.zeros(1, dtype=torch.int32)], limit_s=0.05)
+    with pytest.raises(StreamError, match=r"stayed at 0 < 1 for 0\.05 s"):
+        alone.wait()
