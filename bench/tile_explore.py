@@ -31,26 +31,27 @@ WORST = {
     "fp8": [(2048, 2560, 5120), (3456, 2560, 8192), (4608, 3072, 8192), (2048, 6912, 5120), (3840, 2560, 8192)],
 }
 """The worst layer shapes of bench/results/gemm_h200.json and gemm_fp8_h200.json (commit 3a6ef9b)."""
-SMEM_BYTES = 232448 - gemm.SMEM_SLACK
-"""An H100's or H200's opt-in shared memory per program, less Triton's own."""
 
 
 def configs(dtype: torch.dtype) -> list[gemm.GemmTileConfig]:
-    """Every (tile, K depth, warps, stages, split tail) whose stages and staging half-tile fit in shared memory."""
-    size = 1 if dtype == gemm.FP8 else 2
-    out = []
+    """Every (tile, K depth, warps, stages, split tail) whose tiles move by TMA on this GPU (`gemm.tma_fits`: the
+    stages and the epilogue's staging half-tile fit in its shared memory)."""
+    a = torch.empty(16, 16, dtype=dtype, device="cuda")  # a layout TMA takes: only dtypes and device matter
+    out = torch.empty(16, 16, dtype=gemm.out_dtype(dtype), device="cuda")
+    found = []
     tiles = ((128, 128), (128, 256), (256, 128), (64, 256))
     for (bm, bn), bk_bytes, warps, stages, st in itertools.product(
         tiles, (128, 256), (4, 8), (3, 4, 5, 6, 7), (False, True)
     ):
-        bk = bk_bytes // size
-        need = stages * (bm + bn) * bk * size + bm * bn // 2 * 2
-        if need > SMEM_BYTES or (warps == 4 and bm * bn > 128 * 128) or stages * bk_bytes < 256:
+        if (warps == 4 and bm * bn > 128 * 128) or stages * bk_bytes < 256:
             continue
-        out.append(
-            gemm.GemmTileConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, split_tail=st)
-        )
-    return out
+        cfg = gemm.GemmTileConfig(
+            block_m=bm, block_n=bn, block_k=bk_bytes // a.element_size(), num_warps=warps, num_stages=stages,
+            split_tail=st,
+        )  # fmt: skip
+        if gemm.tma_fits(cfg, a, a, out):
+            found.append(cfg)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
