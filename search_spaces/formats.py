@@ -34,7 +34,15 @@ from overlap_runtime.shape import ModelShape
 from search_spaces.bridge import bridge_file_name, read_bridge, write_bridge
 from search_spaces.consumers import Consumer, defaults, parse_consumer, parse_setting
 from search_spaces.export import SlotResult, preset_from_results
-from search_spaces.nemo_yaml import parse_file_name, preset_file_name, read_nemo, read_text, te_file_name, write_nemo
+from search_spaces.nemo_yaml import (
+    TOO_DEEP,
+    parse_file_name,
+    preset_file_name,
+    read_nemo,
+    read_text,
+    te_file_name,
+    write_nemo,
+)
 from search_spaces.ours import FILE_PREFIX as OURS_FILE_PREFIX
 from search_spaces.ours import FORMAT as OURS_FORMAT
 from search_spaces.ours import OursPreset, load_ours, ours_file_name, write_ours
@@ -140,7 +148,7 @@ def read_file(path: str | Path, *, name: str | None = None) -> Preset | OursPres
     try:
         return _read_file(path, name=name)
     except RecursionError:  # the parsers recurse per level: a preset is a few levels deep, never hundreds
-        raise PresetError("file", "nests too deeply to be a preset (one is a few levels deep)", path.name) from None
+        raise PresetError("file", TOO_DEEP, path.name) from None
 
 
 def _read_file(path: Path, *, name: str | None) -> Preset | OursPreset:

@@ -69,6 +69,10 @@ def read_text(path: Path) -> str:
         raise PresetError("file", "must be UTF-8 text", str(e)) from None
 
 
+TOO_DEEP = "nests too deeply to be a preset (one is a few levels deep)"
+"""The rule a file breaks whose nesting outgrows the parser (a preset is a few levels deep, never hundreds)."""
+
+
 def parse_nemo(text: str, *, name: str | None = None) -> Preset:
     """The preset in YAML ``text``; ``name`` is the file name that carries the shape, GPU and dtype."""
     try:
@@ -79,6 +83,8 @@ def parse_nemo(text: str, *, name: str | None = None) -> Preset:
             raise PresetError(
                 "file", rule, f"line {e.problem_mark.line + 1 if e.problem_mark else '?'}: {e.problem}"
             ) from None
+        if "maximum nesting depth" in str(e):  # libyaml's own limit, where the Python parser hits RecursionError
+            raise PresetError("file", TOO_DEEP, name) from None
         raise PresetError("file", f"is not valid YAML: {e}") from None
     shape, gpu, dtype = parse_file_name(name)
     shape, dtype = _with_header_dtype(text, shape, dtype, name)
@@ -215,8 +221,10 @@ def _model_line(preset: Preset) -> str:
     return "/".join(p for p in parts if p)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """yaml.safe_load's loader that refuses duplicate keys (PyYAML keeps the last one silently).  On libyaml's
+    parser where PyYAML was built with it (its wheels are): the controller reads NVIDIA's presets for every
+    slot's warm start, and the pure-Python parser took 85% of that."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[object] = set()

@@ -19,6 +19,7 @@ by this service), then by source name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Iterable
@@ -36,6 +37,7 @@ DTYPE_MISMATCH = 0.5
 DTYPE_UNKNOWN = 0.25
 
 
+@functools.cache  # the package's own files, read once per process: every slot study's warm start asks for them
 def nvidia_presets() -> tuple[Preset, ...]:
     """Every NVIDIA preset file shipped with the package (hydra dummies included, as empty presets)."""
     root = resources.files("search_spaces") / NVIDIA_PRESETS
