@@ -168,7 +168,7 @@ def _from_controller(
     url: str, given: Mapping[str, object], *, gpu: str | None, token: str | None, consumer: Consumer | None
 ) -> Preset:
     """``GET /v1/presets?format=te``; a nearest (unmeasured) answer is refused, naming the finished jobs' shapes."""
-    from autotune.client import Client  # an HTTP client only for a controller source
+    from autotune.cli.rest_client import Client  # an HTTP client only for a controller source
 
     with Client(url, token=token) as client:
         answer = client.preset(given, gpu=gpu, format="te", consumer=None if consumer is None else consumer.value)

@@ -6,7 +6,7 @@
 
 The controller is `autotune serve` in a subprocess (``--serve-workers`` API processes) on a fresh PostgreSQL
 database at 127.0.0.1:5432, dropped afterwards.  The workers are threads of this process, each registered
-as an 8-GPU H200 node with the worker token and speaking the worker protocol through `autotune.client.Client`
+as an 8-GPU H200 node with the worker token and speaking the worker protocol through `autotune.cli.rest_client.Client`
 (claim, report; the claim is also the heartbeat) exactly as `autotune worker` does, but measuring nothing:
 each trial "takes" ``--trial-s`` (uniform between half and one and a half times it) and is answered with a
 synthetic measurement per proposed config (a smooth time per config plus 1% noise, within the controller's
@@ -58,8 +58,8 @@ import psycopg
 
 import storage
 from api.schemas import ClaimPublic, WorkerCreated
-from autotune.client import ENDED, ApiError, Client
-from autotune.worker import IdlePause
+from autotune.cli.rest_client import ENDED, ApiError, Client
+from autotune.cli.worker_loop import IdlePause
 from bench.environment import source
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.measurement import Measurement

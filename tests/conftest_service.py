@@ -26,7 +26,7 @@ import pytest
 from ports import free_port
 
 from api.schemas import JobPublic
-from autotune.client import Client
+from autotune.cli.rest_client import Client
 
 if TYPE_CHECKING:
     from click.testing import Result

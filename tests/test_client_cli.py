@@ -23,7 +23,7 @@ from api.schemas import BestLayer
 from autotune import NoTunedPreset, load_ub_cfgs
 from autotune.cli.app import app
 from autotune.cli.client import SLOWER_NOTE, _slower_than_serial
-from autotune.client import ApiError
+from autotune.cli.rest_client import ApiError
 from overlap_runtime.config import OverlapConfig
 from overlap_runtime.shape import ModelShape, Slot
 from search_spaces import load_ours, parse_bridge, parse_nemo, to_te_dict

@@ -15,7 +15,7 @@ import pytest
 
 from api.events import StreamsFull
 from autotune.cli.app import exit_code
-from autotune.client import ApiError, RequestRejected
+from autotune.cli.rest_client import ApiError, RequestRejected
 from autotune.load import NoTunedPreset
 from overlap_runtime.errors import AutotuneError, ConfigError, InputError, LeaseLost, ShapeError, TrialFailure
 from overlap_runtime.host_kernels import StreamError

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from conftest_service import Service
 
     from api.schemas import ClaimPublic, WorkerCreated
-    from autotune.client import Client
+    from autotune.cli.rest_client import Client
 
 pytest_plugins = ("conftest_service",)  # module_sqlite_url, module_postgres_url
 

@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 EXIT_CODES: dict[str, int] = {
     "builtins.KeyboardInterrupt": 130,  # Ctrl-C, or SIGTERM where a command turns it into one (tune, worker)
     "overlap_runtime.errors.InputError": 2,
-    "autotune.client.RequestRejected": 2,
+    "autotune.cli.rest_client.RequestRejected": 2,
     "overlap_runtime.errors.AutotuneError": 1,  # the rest of the tree: StorageError, ApiError, TrialFailure, ...
     "httpx.TransportError": 1,  # the controller is unreachable
     "builtins.OSError": 1,  # a file that cannot be read or written (a read-only --out, say)

@@ -1,6 +1,6 @@
 """`autotune submit | status | best | export | cancel`: talk to a controller over REST.
 
-Each command is a thin wrapper over `autotune.client.Client`.  The controller's errors propagate to
+Each command is a thin wrapper over `autotune.cli.rest_client.Client`.  The controller's errors propagate to
 `autotune.cli.app`, which prints them as ``error: <field>: <rule> (got <value>)`` and picks the exit code
 (docs/cli.md); `status --follow` exits 1 itself when the job did not succeed.
 """
@@ -20,8 +20,8 @@ from autotune.cli.consumer_options import FOR_HELP, For
 from autotune.cli.local_token import read_token
 from autotune.cli.output import console, write_out
 from autotune.cli.progress import JobProgress, is_stopped_early, trials_run, waiting_reason
+from autotune.cli.rest_client import DEFAULT_CONTROLLER, ENDED, Client
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
-from autotune.client import DEFAULT_CONTROLLER, ENDED, Client
 from autotune.report import CPU_NOTE, hidden_text
 from autotune.tuner.gpu import CPU, gpu_matches
 from overlap_runtime.errors import InputError

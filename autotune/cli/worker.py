@@ -12,7 +12,7 @@ from autotune.cli.client import controller_url
 from autotune.cli.local_token import read_token
 from autotune.cli.log_level import LogLevel
 from autotune.cli.measure import BACKEND_HELP, default_backend
-from autotune.worker import WorkerOptions, run_worker
+from autotune.cli.worker_loop import WorkerOptions, run_worker
 from overlap_runtime.errors import InputError
 from overlap_runtime.knobs import BACKENDS, TE
 from overlap_runtime.te_backend import require_te

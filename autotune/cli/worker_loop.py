@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from api.schemas import ClaimPublic, WorkerCreated
-from autotune.client import ENDED, ApiError, Client, RequestRejected
+from autotune.cli.rest_client import ENDED, ApiError, Client, RequestRejected
 from autotune.inventory import worker_body
 from overlap_runtime.errors import InputError, LeaseLost, TrialFailure
 from overlap_runtime.runtime import Runtime, open_runtime
