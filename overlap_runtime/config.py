@@ -163,8 +163,8 @@ def problem(shape: ModelShape, slot: Slot, method: Method) -> SlotGemm:
 
 
 CPU_MAX_GEMM_MACS = 1 << 31
-"""The CPU backend's size limit: the largest per-rank GEMM of a shape's slots, in multiply-adds.  gloo and
-the CPU's GEMMs take about a second per measurement there (h1024 tp2 seq1024, at the limit, on two cores),
+"""The CPU backend's size limit: the largest per-rank GEMM of a shape's slots, in multiply-adds.  The emulated
+collectives and the CPU's GEMMs take about a second per measurement there (h1024 tp2 seq1024, at the limit, on two cores),
 and a tune measures a few hundred; twice the width and the tokens (h2048 seq2048) takes seven, h4096 seq4096
 over a minute.  docs/measurement.md, The CPU backend."""
 

@@ -8,8 +8,8 @@ a `Device` supplies *how*, with the semantics of CUDA streams on both backends:
   issuing stream; ``Work.wait()`` makes the *current* stream wait, never the host), events for cross-stream
   order, symmetric memory and stream memops for flags (`symmetric`).
 - `emulation.HostDevice` (the CPU backend): the same, emulated: a thread per stream runs the work queued on
-  it in order, symmetric memory lives in shared memory, and gloo collectives run in issue order behind the
-  issuing stream (see there).  So the copy-engine and fused protocols run, and race, on CPU too.
+  it in order, symmetric memory lives in shared memory, and collectives move bytes through shared memory in issue
+  order behind the issuing stream (see there).  So the copy-engine and fused protocols run, and race, on CPU too.
 
 Stream legend: ``compute[i]`` GEMM chunk i % streams; ``comm`` copy-engine pushes and flag writes; NCCL's
 internal stream for collectives and send/recv.
@@ -55,6 +55,9 @@ def align_sleeps(host_ms: float) -> int:
     """How many ALIGN_SLEEP_CYCLES sleeps cover ``host_ms`` of host work with a margin (1 to MAX_ALIGN_SLEEPS)."""
     return min(MAX_ALIGN_SLEEPS, max(1, math.ceil(HOST_MARGIN * host_ms / ALIGN_SLEEP_MS)))
 
+
+PeerTensors = list[tuple[torch.Tensor, int]]
+"""Tensors of a point-to-point exchange, each with the rank it goes to (sends) or comes from (receives)."""
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -280,32 +283,19 @@ class Device(abc.ABC):
     def _pg_options(self, options: CommOptions) -> Any:
         return None
 
+    # Each runs on the communicator ``options`` in stream order, and returns a `Work` that orders a stream after it.
     @abc.abstractmethod
-    def _collective(self, options: CommOptions, issue: Callable[[Any], list[Any]]) -> Work:
-        """Run ``issue(group)`` (async torch.distributed calls, their works returned) in stream order."""
-
-    # FP8 tensors travel as their bytes (`fp8.as_bytes`): gloo has no float8 type, and a transfer needs none.
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
-        out, shard = as_bytes(out), as_bytes(shard)
-        return self._collective(options, lambda group: [_all_gather(out, shard, group=group, async_op=True)])
+        """``out`` = every rank's ``shard``, in rank order along dim 0."""
 
+    @abc.abstractmethod
     def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
-        return self._collective(options, lambda group: [_reduce_scatter(out, full, group=group, async_op=True)])
+        """``out`` = the sum over ranks of their ``full``'s chunk of this rank (dim 0)."""
 
-    def exchange(
-        self,
-        sends: list[tuple[torch.Tensor, int]],
-        recvs: list[tuple[torch.Tensor, int]],
-        options: CommOptions = CommOptions(),
-    ) -> Work:
-        """Point-to-point sends and receives issued together (NCCL send/recv kernels, or gloo threads)."""
-
-        def issue(group: Any) -> list[Any]:
-            ops = [dist.P2POp(dist.isend, as_bytes(t), group=group, group_peer=peer) for t, peer in sends]
-            ops += [dist.P2POp(dist.irecv, as_bytes(t), group=group, group_peer=peer) for t, peer in recvs]
-            return dist.batch_isend_irecv(ops) if ops else []
-
-        return self._collective(options, issue)
+    @abc.abstractmethod
+    def exchange(self, sends: PeerTensors, recvs: PeerTensors, options: CommOptions = CommOptions()) -> Work:
+        """Point-to-point sends and receives issued together; the sends to a peer match its receives from this
+        rank in order and size."""
 
     @abc.abstractmethod
     def align(self, host_ms: float = 0.0) -> None:
@@ -464,7 +454,24 @@ class CudaDevice(Device):
             pg_options.config.cga_cluster_size = options.cga_size
         return pg_options
 
+    # FP8 tensors travel as their bytes (`fp8.as_bytes`): a transfer needs no float8 type.
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
+        out, shard = as_bytes(out), as_bytes(shard)
+        return self._collective(options, lambda group: [_all_gather(out, shard, group=group, async_op=True)])
+
+    def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
+        return self._collective(options, lambda group: [_reduce_scatter(out, full, group=group, async_op=True)])
+
+    def exchange(self, sends: PeerTensors, recvs: PeerTensors, options: CommOptions = CommOptions()) -> Work:
+        def issue(group: Any) -> list[Any]:  # NCCL's send/recv kernels
+            ops = [dist.P2POp(dist.isend, as_bytes(t), group=group, group_peer=peer) for t, peer in sends]
+            ops += [dist.P2POp(dist.irecv, as_bytes(t), group=group, group_peer=peer) for t, peer in recvs]
+            return dist.batch_isend_irecv(ops) if ops else []
+
+        return self._collective(options, issue)
+
     def _collective(self, options: CommOptions, issue: Callable[[Any], list[Any]]) -> Work:
+        """Issue ``issue(group)``'s async torch.distributed calls on the current stream (NCCL orders them)."""
         return Work([w.wait for w in issue(self.group(options))])
 
     def align(self, host_ms: float = 0.0) -> None:

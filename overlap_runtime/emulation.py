@@ -15,8 +15,10 @@ staging) on CPU, and a missing wait or an early flag gives wrong numbers there a
   kernel alike) blocks its stream until the word reaches the value, polling it, for at most ``wait_limit_s``
   (`WAIT_LIMIT_S` unless told; a flag that never comes, a peer that died, fails the call instead of hanging it).  Stores and loads of x86 are not
   reordered against each other (TSO), so data written before a flag is visible to the reader that saw it.
-- Collectives (gloo) run on one "NCCL" stream per communicator in the order the host issued them, each
-  once the issuing stream reached it, as NCCL's own stream does; ``Work.wait`` makes the current stream wait.
+- Collectives run on one "NCCL" stream per communicator in the order the host issued them, each once the
+  issuing stream reached it, as NCCL's own stream does; ``Work.wait`` makes the current stream wait.  They
+  move their bytes through shared memory on that stream's thread (`host_collectives.Mailbox`), not through
+  gloo's sockets and threads.
 - The alignment before every timed repeat (`HostDevice.align`) waits for the peers in shared memory
   (`Arrivals`), not in a gloo barrier.
 - Kernels that wait for flags themselves run as host code with the same waits and counts (`host_kernels`).
@@ -42,8 +44,9 @@ import torch
 import torch.distributed as dist
 
 from overlap_runtime import host_kernels
-from overlap_runtime.device import CommOptions, Device, Kernels, Work
+from overlap_runtime.device import CommOptions, Device, Kernels, PeerTensors, Work
 from overlap_runtime.fp8 import Scales, host_mm
+from overlap_runtime.host_collectives import Mailbox
 from overlap_runtime.host_kernels import WAIT_LIMIT_S, StreamError, wait_until
 from overlap_runtime.races import Jitter
 
@@ -177,6 +180,7 @@ class HostDevice(Device):
         self._current = self._main
         self._streams: dict[tuple[str, int, int], HostStream] = {}
         self._comm_streams: dict[CommOptions, HostStream] = {}
+        self._mailboxes: dict[CommOptions, Mailbox] = {}
         self._arrivals: Arrivals | None = None
 
     def _all_streams(self) -> list[HostStream]:
@@ -279,17 +283,29 @@ class HostDevice(Device):
     def _wait_flag(self, words: torch.Tensor, index: int, value: int) -> None:
         self._submit(lambda: wait_until(words, index, value, limit_s=self.wait_limit_s))
 
-    def _collective(self, options: CommOptions, issue: Callable[[Any], list[Any]]) -> Work:
-        group = self.group(options)
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
+        return self._collective(options, lambda box: box.all_gather(out, shard))
+
+    def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, options: CommOptions = CommOptions()) -> Work:
+        return self._collective(options, lambda box: box.reduce_scatter(out, full))
+
+    def exchange(self, sends: PeerTensors, recvs: PeerTensors, options: CommOptions = CommOptions()) -> Work:
+        return self._collective(options, lambda box: box.transfer(sends, recvs))
+
+    def _collective(self, options: CommOptions, issue: Callable[[Mailbox], Any]) -> Work:
         if options not in self._comm_streams:
+            # Made collectively: every rank issues its first collective of a communicator at the same point.
+            self._mailboxes[options] = Mailbox(self.symmetric, rank=self.rank, tp=self.tp, limit_s=self.wait_limit_s)
             self._comm_streams[options] = HostStream("nccl", rank=self.rank)
+        box = self._mailboxes[options]
         issued, done = self.mark(), HostEvent(self.wait_limit_s)
 
         def run() -> None:
-            issued.wait()
-            for work in issue(group):
-                work.wait()
-            done.record()
+            try:
+                issued.wait()
+                issue(box)
+            finally:  # the streams that wait for it go on: the next synchronize reports this stream's error
+                done.record()
 
         self._submit(run, self._comm_streams[options])
         return Work([lambda: self._wait_event(done)])

@@ -8,7 +8,7 @@ delayed and current scaling do.  What moves at FP8 (docs/measurement.md, FP8):
   with one scale every rank shares (TE's delayed scaling reduces the amax over the group), moved as FP8 and
   summed in fp32 by its owner (`methods.common.fp8_reduce_scatter`).
 
-gloo has no float8 type and NCCL's transfers need none: FP8 tensors travel as their bytes (`as_bytes`).
+A transfer needs no float8 type: FP8 tensors travel as their bytes (`as_bytes`), on NCCL and on CPU.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def make_operands(dev: Device, gemm: SlotGemm, seed: int) -> tuple[Operands, lis
 
     fp8 shapes: a, b and a gathered x are E4M3 (`fp8_scales`), b column-major (``w.t()`` of a row-major
     weight, as TE holds it and ``torch._scaled_mm`` needs it); out and a reduce-scattered x are bf16 (on CPU
-    too, so the gloo collectives move the dtypes the GPU's do)."""
+    too, so the emulated collectives move the dtypes the GPU's do)."""
     rows = gemm.tokens // gemm.tp
     gen = torch.Generator(device=dev.device).manual_seed(seed * 1000 + dev.rank)
     fp8 = gemm.dtype == "fp8"

@@ -202,7 +202,7 @@ KNOBS: tuple[Knob, ...] = (
         origin=Origin.TE,
         te_default=True,
         cli="--use-ce/--no-ce",
-        help="ring_exchange (default true; on cpu false, gloo's send/recv ring) and bulk (default false): "
+        help="ring_exchange (default true; on cpu false, a send/recv ring) and bulk (default false): "
         "copy-engine pushes into peer buffers (true; on cpu an emulated copy engine) or NCCL kernels on "
         "num_sm SMs (false).",
     ),

@@ -14,7 +14,7 @@ spec (`SearchSpec.runnable`: a copy-engine ring's unused SMs, bulk's SM kernels)
 - On te the entry is what runs, as TE's keys: only what our config cannot say unset goes (a copy-engine
   ring's num_sm / cga_size, which size a kernel TE does not launch).
 - On cpu only the knobs that mean something there survive (`overlap_runtime.knobs.Knob.backends`), and not
-  use_ce: TE's ring runs as gloo's send/recv ring there; the CPU's emulated copy engine is for tests of its
+  use_ce: TE's ring runs as the emulated NCCL's send/recv ring there; the CPU's emulated copy engine is for tests of its
   protocol, which ask for it by name.
 
 What has no runtime equivalent (an SM-copy ring aggregated at tp=2, num_sm above the device's) raises the

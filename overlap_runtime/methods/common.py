@@ -76,7 +76,7 @@ class Plan:
                 cga_size=config.cga_size,
                 high_priority=config.comm_priority is not None and config.comm_priority < 0,
             ),
-            # On CPU the copy engine (emulated) runs only when asked for: use_ce unset is gloo's send/recv ring.
+            # On CPU the copy engine (emulated) runs only when asked for: use_ce unset is the send/recv ring.
             use_ce=config.overlaps and not sm_driven and (dev.is_cuda or config.use_ce is True),
             fused=config.fused,
             aggregate=config.aggregate,
@@ -264,7 +264,7 @@ def gemm_only(dev: Device, ops: Operands, *, kind: str = "cublas") -> None:
 
 
 def comm_only(dev: Device, ops: Operands) -> None:
-    """The collective alone (NCCL / gloo): what `comm_ms` times."""
+    """The collective alone (NCCL, or shared memory on CPU): what `comm_ms` times."""
     g = ops.gemm
     if not g.coupled:
         independent_collective(dev, ops, CommOptions()).wait()

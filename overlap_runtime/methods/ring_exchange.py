@@ -2,7 +2,7 @@
 arrives (``aggregate``: tp/2 steps of two chunks); a reduce-scatter runs one GEMM per owner's chunk and sends
 each partial to its owner as soon as it is done (TE's ``CommOverlapP2P``).
 
-Our runtime moves the chunks with send/recv (``use_ce=false``: NCCL's SM kernels on CUDA, gloo on cpu), with
+Our runtime moves the chunks with send/recv (``use_ce=false``: NCCL's SM kernels on CUDA, shared memory on cpu), with
 copy-engine pushes into peer buffers (``use_ce``, CUDA's default), or inside one launch of our GEMM that
 waits for and stores the chunks itself (``fused``, the analogue of TE's FP8 atomic GEMM).
 """

@@ -93,7 +93,7 @@ def _runnable(config: OverlapConfig, backend: str) -> OverlapConfig:
     cluster size 1 is the runtime's default.  ``aggregate`` goes with them on cuda: our copy-engine all-gather
     pushes each shard straight to every peer, so TE's pairs of ring steps have no counterpart there and the
     nearest runnable config is that all-gather (also at tp=2, where TE runs one pair).  On te it stays: TE
-    pairs ring steps over the copy engine too.  On cpu the ring runs as gloo's send/recv ring, as carried."""
+    pairs ring steps over the copy engine too.  On cpu the ring runs as the emulated send/recv ring, as carried."""
     if backend == "cpu":
         return config
     sm_copies = config.use_ce is False
