@@ -1,8 +1,11 @@
-"""The programs: the `autotune` command with the REST client and the worker loop that talk to a controller
-(`autotune.cli`: `rest_client`, `worker_loop`), the local tuning run behind `autotune tune`, `autotune
-validate`, and `load_ub_cfgs` for training scripts.  The tuner they drive is the subpackage `autotune.tuner`,
-a layer below storage and the controller (tests/test_layers.py); everything else here sits on top of all the
-layers.
+"""The tuner and the programs that drive it, each in a package of its own (tests/test_layers.py):
+
+- `autotune.tuner`: the slot studies, their sampler, proposals, finalists and the measure-and-tell loop
+  (`drive`), a layer below storage and the controller;
+- `autotune.cli`: the programs on top of every layer: the `autotune` command, the REST client and the worker
+  loop that talk to a controller (`rest_client`, `worker_loop`, `inventory`), the local run behind `autotune
+  tune` (`local_tuning`, `report`) and `autotune validate` (`validation`);
+- `autotune.fleet`: the Slurm and Kubernetes launchers that `autotune fleet` writes.
 
 ``from autotune import load_ub_cfgs`` is the one call a training script needs (`autotune.load`).  `__getattr__`
 (PEP 562) imports it on first use only, and it loads a database driver or an HTTP client only when its source

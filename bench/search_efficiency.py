@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
 
-from autotune.local import DEFAULT_TRIALS, drive
 from autotune.tuner.baselines import baselines
+from autotune.tuner.drive import DEFAULT_TRIALS, drive
 from autotune.tuner.finalists import TOP_K
 from autotune.tuner.proposal import Proposal, Purpose
 from autotune.tuner.replay import Landscape, ReplayBackend

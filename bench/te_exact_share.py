@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
 
-from autotune.local import DEFAULT_TRIALS, drive
 from autotune.tuner import sampler
+from autotune.tuner.drive import DEFAULT_TRIALS, drive
 from autotune.tuner.replay import Landscape, ReplayBackend
 from bench.environment import environment
 from bench.search_efficiency import landscape_sets

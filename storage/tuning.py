@@ -4,7 +4,7 @@ Both drive `SlotStudy` (`autotune.tuner.studies`) the same way: the study lives 
 own database (`optuna_storage`), starts from the winners of neighbouring shapes (`open_study`), decides through
 its finalist batch, and its outcome becomes the slot's winner row (`record_winner`).  They differ only in who
 measures: the scheduler hands proposals to workers over REST, `autotune tune` measures them itself
-(`autotune.local.drive`).  So a slot tuned either way is stored the same way and exports the same preset.
+(`autotune.tuner.drive`).  So a slot tuned either way is stored the same way and exports the same preset.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.validation import preset_flags
+from autotune.cli.validation import preset_flags
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import InputError
 from overlap_runtime.measurement import Measurement

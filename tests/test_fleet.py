@@ -18,7 +18,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from autotune.cli.app import app
-from autotune.inventory import launcher_name
+from autotune.cli.inventory import launcher_name
 
 K8S_VERSIONS = ("1.31.0", kubernetes_validate.latest_version())
 """The oldest release with Indexed Jobs' pod failure policy GA, and the newest the validator bundles."""

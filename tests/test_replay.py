@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest_tuner import SHAPE, landscape_dict, synthetic_landscape
 
-from autotune.local import drive
+from autotune.tuner.drive import drive
 from autotune.tuner.replay import Landscape, ReplayBackend
 from overlap_runtime.config import Method, OverlapConfig
 from overlap_runtime.errors import InputError, TrialFailure

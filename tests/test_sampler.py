@@ -15,8 +15,8 @@ from conftest_tuner import GPU, H200, SHAPE, smooth_time, synthetic_landscape
 from optuna.storages import InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.local import drive
 from autotune.tuner.baselines import baselines
+from autotune.tuner.drive import drive
 from autotune.tuner.finalists import TOP_K
 from autotune.tuner.neighbours import family, neighbours
 from autotune.tuner.outcome import SlotOutcome

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import storage
 from autotune.cli.app import app
-from autotune.inventory import worker_body
+from autotune.cli.inventory import worker_body
 from overlap_runtime.config import check_config, problem
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape, Slot

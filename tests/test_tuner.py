@@ -19,8 +19,8 @@ from optuna.distributions import json_to_distribution
 from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState, create_trial
 
-from autotune.local import drive
 from autotune.tuner.baselines import nearest_preset_config
+from autotune.tuner.drive import drive
 from autotune.tuner.finalists import TE_TOP_K
 from autotune.tuner.history import History
 from autotune.tuner.neighbours import neighbours

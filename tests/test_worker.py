@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from autotune.inventory import gpu_inventory, worker_body
+from autotune.cli.inventory import gpu_inventory, worker_body
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 from overlap_runtime.te_backend import te_version

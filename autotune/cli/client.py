@@ -20,9 +20,9 @@ from autotune.cli.consumer_options import FOR_HELP, For
 from autotune.cli.local_token import read_token
 from autotune.cli.output import console, write_out
 from autotune.cli.progress import JobProgress, is_stopped_early, trials_run, waiting_reason
+from autotune.cli.report import CPU_NOTE, hidden_text
 from autotune.cli.rest_client import DEFAULT_CONTROLLER, ENDED, Client
 from autotune.cli.shape_options import takes_shape, takes_shape_filter
-from autotune.report import CPU_NOTE, hidden_text
 from autotune.tuner.gpu import CPU, gpu_matches
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape

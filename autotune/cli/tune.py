@@ -1,4 +1,4 @@
-"""`autotune tune`: every layer slot of one shape, tuned on this machine; the logic is `autotune.local`."""
+"""`autotune tune`: every layer slot of one shape, tuned on this machine; the logic is `autotune.cli.local_tuning`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from autotune import local
-from autotune.cli import output, signals
+from autotune.cli import local_tuning, output, signals
 from autotune.cli.consumer_options import For
 from autotune.cli.measure import BACKEND_HELP, default_backend
+from autotune.cli.report import CPU_NOTE, choice_lines, outcome_table
 from autotune.cli.shape_options import takes_shape
-from autotune.report import CPU_NOTE, choice_lines, outcome_table
+from autotune.tuner.drive import DEFAULT_TRIALS
 from autotune.tuner.gpu import CPU
 from overlap_runtime.shape import ModelShape
 
@@ -22,7 +22,7 @@ from overlap_runtime.shape import ModelShape
 def tune(
     shape: ModelShape,
     layers: Annotated[str, typer.Option(help="all, or slots separated by commas (qkv_fprop,proj_fprop)")] = "all",
-    trials: Annotated[int, typer.Option(min=1, help="Configs measured per slot at most")] = local.DEFAULT_TRIALS,
+    trials: Annotated[int, typer.Option(min=1, help="Configs measured per slot at most")] = DEFAULT_TRIALS,
     backend: Annotated[str | None, typer.Option(help=BACKEND_HELP)] = None,
     db: Annotated[str | None, typer.Option(help="Database URL (default: the local SQLite file)")] = None,
     out: Annotated[Path, typer.Option(help="Folder for the NeMo YAML and the TE dict")] = Path("presets"),
@@ -39,7 +39,7 @@ def tune(
 ) -> None:
     """Tune every layer slot of a shape locally; run it again with the same arguments to resume."""
     signals.stop_on_sigterm()  # `kill` stops like Ctrl-C: the TP group is shut down, exit 130
-    request = local.TuneRequest(
+    request = local_tuning.TuneRequest(
         shape=shape,
         out=out,
         layers=None if layers.strip() == "all" else [name.strip() for name in layers.split(",")],
@@ -52,7 +52,7 @@ def tune(
         fresh=fresh,
     )
     console = output.console()
-    report = local.tune(request, console=console)
+    report = local_tuning.tune(request, console=console)
     if report.reused:
         names = ", ".join(slot.value for slot in report.reused)
         print(

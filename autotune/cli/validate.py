@@ -1,5 +1,5 @@
 """`autotune validate`: a preset timed in a whole TP transformer layer beside no overlap, TE's default, NVIDIA's
-nearest preset and PyTorch's async TP (`autotune.validation`)."""
+nearest preset and PyTorch's async TP (`autotune.cli.validation`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rich.table import Table
 from autotune.cli.consumer_options import For
 from autotune.cli.measure import default_backend
 from autotune.cli.shape_options import takes_shape
-from autotune.validation import BACKENDS, Validation, validate
+from autotune.cli.validation import BACKENDS, Validation, validate
 from overlap_runtime.errors import InputError
 from overlap_runtime.shape import ModelShape
 

@@ -35,8 +35,8 @@ from typing import Any
 import httpx
 
 from api.schemas import ClaimPublic, WorkerCreated
+from autotune.cli.inventory import worker_body
 from autotune.cli.rest_client import ENDED, ApiError, Client, RequestRejected
-from autotune.inventory import worker_body
 from overlap_runtime.errors import InputError, LeaseLost, TrialFailure
 from overlap_runtime.runtime import Runtime, open_runtime
 from overlap_runtime.shape import ModelShape, Slot

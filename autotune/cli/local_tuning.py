@@ -1,4 +1,4 @@
-"""The local driver behind `autotune tune`: every slot of one shape, tuned on this machine's TP group.
+"""The local run behind `autotune tune`: every slot of one shape, tuned on this machine's TP group.
 
 One `Runtime` measures for all slots (its process group starts once); each slot has its `SlotStudy` in the
 same Optuna storage the service uses (the storage package's SQLite file by default), so a tune that was
@@ -10,26 +10,25 @@ died are measured first.  The winners go to the service's best-config table, the
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Protocol
 
 import optuna as optuna_lib
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from sqlalchemy import Engine
 
+from autotune.tuner.drive import DEFAULT_TRIALS, drive
 from autotune.tuner.gpu import device_gpu_name, preset_gpu_name, results_gpu
 from autotune.tuner.outcome import SlotOutcome
 from autotune.tuner.proposal import Proposal, Purpose
 from autotune.tuner.studies import SlotStudy, study_name
-from overlap_runtime.config import NO_OVERLAP, OverlapConfig, check_backend_size
-from overlap_runtime.errors import ConfigError, InputError, TrialFailure
+from overlap_runtime.config import NO_OVERLAP, check_backend_size
+from overlap_runtime.errors import InputError
 from overlap_runtime.knobs import Backend
-from overlap_runtime.measurement import BaselineSource, Measurement
 from overlap_runtime.runtime import open_runtime
 from overlap_runtime.shape import ModelShape, Slot
 from overlap_runtime.te_backend import require_te
@@ -39,51 +38,6 @@ from search_spaces.export import SlotResult, consumer_choice, preset_from_result
 from search_spaces.formats import FORMATS, TUNE_FORMATS, Exported
 from search_spaces.ours import OursPreset, OursSlot
 from storage import create_engine_for, open_study, optuna_storage, record_winner, session_factory, upgrade
-
-DEFAULT_TRIALS = 60
-"""Configs measured per slot at most (baselines included; the finalist batch comes on top)."""
-
-
-class Measurer(Protocol):
-    """What measures proposals: `Runtime` on GPUs or CPU, `autotune.tuner.replay.ReplayBackend` from landscapes."""
-
-    def measure_many(
-        self,
-        shape: ModelShape,
-        slot: Slot,
-        configs: list[OverlapConfig],
-        *,
-        repeats: int = ...,
-        warmup: int = ...,
-        rounds: int = ...,
-        baselines: BaselineSource = ...,
-    ) -> list[Measurement]: ...
-
-
-def drive(
-    study: SlotStudy, *, measurer: Measurer, on_told: Callable[[Proposal], None] | None = None
-) -> SlotOutcome | None:
-    """Measure and tell until ``study`` is decided; proposals left out by a killed run go first."""
-    pending = list(study.outstanding())
-    while (proposal := pending.pop(0) if pending else study.ask()) is not None:
-        try:
-            measured = measurer.measure_many(
-                study.shape,
-                study.slot,
-                list(proposal.configs),
-                repeats=proposal.repeats,
-                rounds=proposal.rounds,
-                baselines=proposal.baselines,
-            )
-        except TrialFailure as e:
-            study.tell(proposal, failure=e.reason)
-        except ConfigError as e:  # a baseline the runtime refuses on this device: a failed trial, not bad input
-            study.tell(proposal, failure=f"refused by the runtime: {e}")
-        else:
-            study.tell(proposal, measurements=measured)
-        if on_told is not None:
-            on_told(proposal)
-    return study.outcome()
 
 
 @dataclass(frozen=True, kw_only=True)

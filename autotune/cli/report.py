@@ -17,7 +17,7 @@ from search_spaces.consumers import ConsumerChoice, describe, switch_lines
 from search_spaces.export import ALTERNATIVES_SHOWN
 
 if TYPE_CHECKING:  # the tuning run (Optuna, SQLAlchemy) is not loaded by the commands that only print a report
-    from autotune.local import TuneReport
+    from autotune.cli.local_tuning import TuneReport
 
 COLUMNS = (
     "slot",
