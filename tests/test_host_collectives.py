@@ -1,6 +1,9 @@
 """The CPU backend's collectives through shared memory (`overlap_runtime.host_collectives`), on real rank
 processes: messages many times a channel's size, in both directions at once, every dtype the methods move,
-against what each rank sent; and a receive that no rank answers fails its stream instead of hanging it."""
+against what each rank sent; and a receive that no rank answers fails its stream instead of hanging it.
+
+The same check runs on the CUDA backend's collectives (NCCL through torch.distributed, `CudaDevice`) where
+GPUs are: on two, every path; on one, a group of one rank (no peers to exchange with)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import torch
 from overlap_runtime.emulation import HostDevice
 from overlap_runtime.errors import TrialFailure
 from overlap_runtime.group import RankContext, TPGroup
+from overlap_runtime.harness import device_of
 from overlap_runtime.host_collectives import SLOT_BYTES, SLOTS
 from overlap_runtime.host_kernels import StreamError
 
@@ -26,7 +30,12 @@ def _sent(rank: int, peer: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _collectives(ctx: RankContext) -> dict[str, bool]:
-    dev = HostDevice(rank=ctx.rank, tp=ctx.tp, device=ctx.device, wait_limit_s=30)
+    with torch.device(ctx.device):  # every tensor below is made on the rank's device
+        return _check_collectives(ctx)
+
+
+def _check_collectives(ctx: RankContext) -> dict[str, bool]:
+    dev = device_of(ctx)
     peers = [p for p in range(ctx.tp) if p != ctx.rank]
     results: dict[str, bool] = {}
 
@@ -56,7 +65,7 @@ def _collectives(ctx: RankContext) -> dict[str, bool]:
     dev.synchronize()
     results["all_gather"] = gathered.equal(torch.cat([_sent(p, p, BIG, torch.float32) for p in range(ctx.tp)]))
     total = torch.zeros(BIG)
-    for src in range(ctx.tp):  # rank order, in fp32: the mailbox's own order
+    for src in range(ctx.tp):  # rank order, in fp32: the mailbox's own order (NCCL's, for two ranks' one sum)
         total += _sent(src, ctx.rank, BIG, torch.float32) / 7
     results["reduce_scatter"] = out.equal(total)
     return results
@@ -76,11 +85,20 @@ def _unanswered(ctx: RankContext) -> str:
     return "passed"
 
 
-@pytest.mark.parametrize("tp", [2, 3])
-def test_collectives_deliver_every_byte_of_messages_larger_than_a_channel(tp: int) -> None:
-    with TPGroup(tp=tp, backend="cpu") as group:
+def _deliver_every_byte(tp: int, backend: str) -> None:
+    with TPGroup(tp=tp, backend=backend) as group:
         for rank, results in enumerate(group.run(_collectives, timeout_s=120)):
             assert results == {"exchange": True, "all_gather": True, "reduce_scatter": True}, rank
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_collectives_deliver_every_byte_of_messages_larger_than_a_channel(tp: int) -> None:
+    _deliver_every_byte(tp, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_cuda_backends_collectives_deliver_every_byte_on_the_gpus_there_are() -> None:
+    _deliver_every_byte(min(2, torch.cuda.device_count()), "cuda")
 
 
 def test_a_receive_no_rank_answers_fails_its_stream_within_the_wait_limit() -> None:
