@@ -65,7 +65,7 @@ def _check_collectives(ctx: RankContext) -> dict[str, bool]:
     dev.synchronize()
     results["all_gather"] = gathered.equal(torch.cat([_sent(p, p, BIG, torch.float32) for p in range(ctx.tp)]))
     total = torch.zeros(BIG)
-    for src in range(ctx.tp):  # rank order, in fp32: the mailbox's own order (NCCL's, for two ranks' one sum)
+    for src in range(ctx.tp):  # rank order, in fp32: the mailbox's order (two ranks' sum is one add in any order)
         total += _sent(src, ctx.rank, BIG, torch.float32) / 7
     results["reduce_scatter"] = out.equal(total)
     return results
