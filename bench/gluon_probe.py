@@ -15,15 +15,23 @@ that it loads by TMA while the tile's MMAs run and adds before the store:
     gluon_ws_128       the same on 128x128 tiles and one MMA warpgroup, five stages
     gluon_ws_128_s4    four stages, and ``_add2``: the partial loaded at the tile's start into a ring of two
                        buffers of its own, so neither side ever waits for the other to free it
+    gluon_pp           ping-pong, as cuBLAS's and CUTLASS's Hopper kernels schedule: 128x128 tiles, a loader
+                       warp and two MMA warpgroups that take turns at the K loop over one ring (4 stages;
+                       ``_s3``/``_s5``: 3 or 5), so each warpgroup's epilogue (the partial loaded into its own
+                       epilogue buffer during its K loop, added, the tile stored) runs under the other's MMAs
 
-    python bench/gluon_probe.py [--out X.json]
+and the library's own answer to the same question: ``cublas_addmm`` (BF16: cuBLAS with the partial as its C,
+beta = 1) and ``cublas_then_add`` (FP8: cuBLASLt's FP8 GEMM takes no [M, N] addend, so a second kernel adds).
 
-BF16 only: an FP8 wgmma reads b K-major, which this probe does not set up.
+    python bench/gluon_probe.py [--dtype fp8] [--variants NAME,...] [--out X.json]
+
+FP8 (E4M3 operands, bf16 out, scaled as `bench.timing.FP8_SCALES`) runs cuBLAS, ours and the ping-pong kernels:
+the older variants read b N-major, which an FP8 wgmma does not take.
 """
 
 # Gluon compiles these kernels from their Python AST: a list built with `*` does not compile, and an `if` on a
 # constexpr is resolved at compile time, so it stays apart from the runtime test nested in it.
-# ruff: noqa: RUF005, SIM102
+# ruff: noqa: RUF005, SIM102, SIM108
 
 from __future__ import annotations
 
@@ -50,12 +58,30 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from bench.environment import environment  # noqa: E402
-from bench.timing import Operands, l2_bytes, rel_err, time_interleaved  # noqa: E402
+from bench.timing import (  # noqa: E402
+    FP8_SCALES,
+    Operands,
+    l2_bytes,
+    library,
+    reference,
+    rel_err,
+    scales,
+    time_interleaved,
+)
 from overlap_runtime import gemm  # noqa: E402
 
-SHAPES = ((8192, 2048, 1024), (4096, 4096, 2048), (2048, 2560, 5120), (4096, 8192, 4096), (8192, 8192, 8192))
-"""(m, n, k): h2048 s8192 proj_fprop (both chunks), h4096 s4096 proj_fprop, our worst plain BF16 shape, h8192
-s4096 proj_fprop, a large square."""
+SHAPES = (
+    (8192, 2048, 1024),
+    (8192, 2560, 1280),
+    (2048, 5120, 2560),
+    (4096, 4096, 2048),
+    (2048, 2560, 5120),
+    (4096, 8192, 4096),
+    (8192, 8192, 8192),
+)
+"""(m, n, k): h2048 s8192 proj_fprop (both chunks), h2560 s8192 and h5120 s2048 proj_fprop (the fused ring's
+worst cases after it), h4096 s4096 proj_fprop, our worst plain layer shape, h8192 s4096 proj_fprop, a large
+square."""
 
 
 @gluon.constexpr_function
@@ -171,6 +197,28 @@ def _probe_kernel(
 
 
 @gluon.jit
+def _fill_stage(
+    load, kk, pid_m, pid_n, a_desc, b_desc, a_bufs, b_bufs, empty, ready, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr
+):
+    """A loader's ``load``-th TMA load into the ring (K step ``kk`` of tile (pid_m, pid_n)), once the MMAs freed
+    its stage; b is [K, N], or [N, K] with ``B_KMAJOR``."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    s = load % STAGES
+    # a fresh barrier counts as freed once: the first pass over the ring does not wait
+    mbarrier.wait(empty.index(s), ((load // STAGES) & 1) ^ 1)
+    bar = ready.index(s)
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BLOCK_K], bar, a_bufs.index(s))
+    if B_KMAJOR:
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kk * BLOCK_K], bar, b_bufs.index(s))
+    else:
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+        tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, pid_n * BLOCK_N], bar, b_bufs.index(s))
+
+
+@gluon.jit
 def _ws_loader(
     a_desc,
     b_desc,
@@ -191,21 +239,12 @@ def _ws_loader(
     free, and with ADD the tile's partial: into the epilogue's buffer halfway through the tile once the MMA
     warps have stored the last tile from it (P_BUFS 0), or at the tile's start into a ring of P_BUFS buffers
     of its own."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, b_desc)
     load = 0
     for t in range(my_tiles):
         pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
         for kk in range(k_tiles):
-            s = load % STAGES
-            # a fresh barrier counts as freed once: the first pass over the ring does not wait
-            mbarrier.wait(empty.index(s), ((load // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BLOCK_K], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, pid_n * BLOCK_N], bar, b_bufs.index(s))
+            _fill_stage(load, kk, pid_m, pid_n, a_desc, b_desc, a_bufs, b_bufs, empty, ready, STAGES, False)
             if ADD:
                 if P_BUFS == 0:
                     if kk == k_tiles // 2:
@@ -365,6 +404,209 @@ def _ws_kernel(
     )
 
 
+@gluon.constexpr_function
+def _pp_acc_layout(block_m, block_n, in_dtype):
+    """One warpgroup's wgmma accumulator for a [block_m, block_n] tile of ``in_dtype`` operands (an
+    instruction reads 32 bytes of K per row)."""
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 256 // in_dtype.primitive_bitwidth]
+    )
+
+
+@gluon.jit
+def _pp_schedule(a_desc, c_desc):
+    """`_schedule` counted on the output's tiles, so that b may be K-major ([N, K], FP8)."""
+    num_pid_m = gl.cdiv(c_desc.shape[0], c_desc.block_type.shape[0])
+    num_pid_n = gl.cdiv(c_desc.shape[1], c_desc.block_type.shape[1])
+    k_tiles = gl.cdiv(a_desc.shape[1], a_desc.block_type.shape[1])
+    start = gl.program_id(0)
+    step = gl.num_programs(0)
+    return num_pid_m, num_pid_n, k_tiles, start, step, gl.cdiv(num_pid_m * num_pid_n - start, step)
+
+
+@gluon.jit
+def _pp_loader(
+    a_desc,
+    b_desc,
+    p_desc,
+    ring,
+    ADD: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+):
+    """Ping-pong's loader warp: every tile's (a, b) K steps into the one ring, in tile order, and with ADD the
+    tile's partial into its consumer's epilogue buffer once that consumer has stored its last tile from it.
+    ``p_desc`` has the output's shape and tiles (the output's own descriptor without ADD)."""
+    a_bufs, b_bufs, c_bufs, empty, ready, p_empty, p_ready, _ = ring
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _pp_schedule(a_desc, p_desc)
+    load = 0
+    for t in range(my_tiles):
+        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        for kk in range(k_tiles):
+            _fill_stage(load, kk, pid_m, pid_n, a_desc, b_desc, a_bufs, b_bufs, empty, ready, STAGES, B_KMAJOR)
+            if ADD:
+                if kk == 0:
+                    _load_partial(p_desc, c_bufs, p_empty, p_ready, t % 2, ((t // 2) & 1) ^ 1, pid_m, pid_n)
+            load += 1
+
+
+@gluon.jit
+def _pp_consumer(
+    a_desc,
+    b_desc,
+    c_desc,
+    ring,
+    scale,
+    ME: gl.constexpr,
+    ADD: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    SCALED: gl.constexpr,
+):
+    """One of ping-pong's two MMA warpgroups: every other tile of the program (``ME``: the first or the second),
+    so its epilogue (the partial added, the tile stored) runs under the other warpgroup's MMAs.
+
+    The two take turns at the K loop (``turn``: each arrives at the other's barrier once it has waited for its
+    tile's last load).  Besides ordering the MMAs, the turn keeps the shared ring's parity waits sound: a
+    warpgroup could otherwise reach a stage two loads ahead of the other's and pass on the older phase."""
+    a_bufs, b_bufs, c_bufs, empty, ready, p_empty, p_ready, turn = ring
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    dtype: gl.constexpr = c_desc.dtype
+    acc_layout: gl.constexpr = _pp_acc_layout(BLOCK_M, BLOCK_N, a_desc.dtype)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _pp_schedule(a_desc, c_desc)
+    c_smem = c_bufs.index(ME)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    for t in range(ME, my_tiles, 2):
+        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        # the last tile's store has had the other warpgroup's whole K loop to leave the buffer
+        tma.store_wait(pendings=0)
+        if ADD:
+            mbarrier.arrive(p_empty.index(ME), pred=t >= 2)
+        # my turn: the other warpgroup has waited for every load of the tile before mine (a fresh barrier
+        # counts as passed once, so the first tile's wait passes)
+        mbarrier.wait(turn.index(ME), ((t // 2) & 1) ^ ME ^ 1)
+        load = t * k_tiles
+        for kk in range(k_tiles):
+            s = load % STAGES
+            mbarrier.wait(ready.index(s), (load // STAGES) & 1)
+            if B_KMAJOR:
+                b_op = b_bufs.index(s).permute((1, 0))
+            else:
+                b_op = b_bufs.index(s)
+            acc = warpgroup_mma(a_bufs.index(s), b_op, acc, use_acc=kk > 0, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(1, deps=(acc, a_bufs.index(s), b_bufs.index(s)))
+            mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES), pred=kk > 0)
+            load += 1
+        mbarrier.arrive(turn.index(1 - ME))
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES))
+        # the scale applied inside the one expression: a scaled copy of the loop-carried accumulator spills
+        if ADD:
+            mbarrier.wait(p_ready.index(ME), (t // 2) & 1)
+        if ADD == 1:
+            part = c_smem.load(acc_layout).to(gl.float32)
+            if SCALED:
+                out = (acc * scale + part).to(dtype)
+            else:
+                out = (acc + part).to(dtype)
+        elif SCALED:
+            out = (acc * scale).to(dtype)
+        else:
+            out = acc.to(dtype)
+        c_smem.store(out)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _pp_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    p_desc,
+    scale,
+    ADD: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    SCALED: gl.constexpr,
+    MMA_REGS: gl.constexpr,
+    LOADER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(p_empty.index(i), count=1)
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
+    # the ring, the epilogue buffers and the barriers, as one tuple that every partition takes
+    ring = (a_bufs, b_bufs, c_bufs, empty, ready, p_empty, p_ready, turn)
+    gl.warp_specialize(
+        [
+            (_pp_consumer, (a_desc, b_desc, c_desc, ring, scale, 0, ADD, STAGES, GROUP_M, B_KMAJOR, SCALED)),
+            (_pp_consumer, (a_desc, b_desc, c_desc, ring, scale, 1, ADD, STAGES, GROUP_M, B_KMAJOR, SCALED)),
+            (_pp_loader, (a_desc, b_desc, p_desc, ring, ADD, STAGES, GROUP_M, B_KMAJOR)),
+        ],
+        [4, 1],
+        [MMA_REGS, LOADER_REGS],
+    )
+
+
+def pingpong_matmul(
+    a, b, out, partial=None, *, added=True, stages=4, group_m=8, mma_regs=232, loader_regs=40
+):  # fmt: skip
+    """``out = a @ b (+ partial)`` on 128x128 tiles, two MMA warpgroups taking turns (`_pp_kernel`).  FP8
+    operands come as `bench.timing.Operands` makes them: b a [K, N] view of a row-major [N, K], scaled by
+    `FP8_SCALES`.  ``added=False`` loads the partial as for the add but leaves it out: what its traffic alone
+    costs."""
+    fp8 = a.dtype == gemm.FP8
+    bm, bn, bk = 128, 128, 128 if fp8 else 64
+    lay = gl.NVMMASharedLayout.get_default_for
+    in_dtype = gl.float8e4nv if fp8 else gl.bfloat16
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk], lay([bm, bk], in_dtype))
+    if fp8:
+        b_desc = TensorDescriptor.from_tensor(b.t(), [bn, bk], lay([bn, bk], in_dtype))
+    else:
+        b_desc = TensorDescriptor.from_tensor(b, [bk, bn], lay([bk, bn], in_dtype))
+    c_layout = lay([bm, bn], gl.bfloat16)
+    c_desc = TensorDescriptor.from_tensor(out, [bm, bn], c_layout)
+    p_desc = TensorDescriptor.from_tensor(partial if partial is not None else out, [bm, bn], c_layout)
+    tiles = triton.cdiv(out.shape[0], bm) * triton.cdiv(out.shape[1], bn)
+    grid = (min(gemm.device_sm_count(a.device), tiles),)
+    scale = FP8_SCALES[0] * FP8_SCALES[1] if fp8 else 1.0
+    _pp_kernel[grid](
+        a_desc,
+        b_desc,
+        c_desc,
+        p_desc,
+        scale,
+        0 if partial is None else 1 if added else 2,
+        stages,
+        group_m,
+        fp8,
+        fp8,
+        mma_regs,
+        loader_regs,
+        num_warps=4,
+    )
+    return out
+
+
 def gluon_matmul(a, b, out, partial=None, *, ws=False, block=(128, 256, 64), stages=3, group_m=8, warps=8, p_bufs=0):
     bm, bn, bk = block
     lay = gl.NVMMASharedLayout.get_default_for
@@ -388,37 +630,73 @@ M128 = {"block": (128, 128, 64), "stages": 5, "warps": 4}
 """128x128 tiles on one warpgroup."""
 
 
+def _variants(fp8: bool, part) -> dict:
+    """The probe's variants for BF16 or FP8 operands; ``part(o)`` is the partial of the set whose output is o."""
+    pingpong = {
+        "gluon_pp": lambda a, b, o: pingpong_matmul(a, b, o),
+        "gluon_pp_add": lambda a, b, o: pingpong_matmul(a, b, o, part(o)),
+        "gluon_pp_s3_add": lambda a, b, o: pingpong_matmul(a, b, o, part(o), stages=3),
+        "gluon_pp_s5_add": lambda a, b, o: pingpong_matmul(a, b, o, part(o), stages=5),
+        "gluon_pp_s5": lambda a, b, o: pingpong_matmul(a, b, o, stages=5),
+        "gluon_pp_s5_loaded": lambda a, b, o: pingpong_matmul(a, b, o, part(o), added=False, stages=5),
+    }
+    if fp8:
+        return {
+            "cublas": lambda a, b, o: library(a, b, o),
+            "ours": lambda a, b, o: gemm.matmul(a, b, o, **scales(a)),
+            # cuBLASLt's FP8 GEMM takes no [M, N] addend: the add is a second kernel
+            "cublas_then_add": lambda a, b, o: library(a, b, o).add_(part(o)),
+            **pingpong,
+        }
+    return {
+        "cublas": lambda a, b, o: torch.mm(a, b, out=o),
+        "ours": lambda a, b, o: gemm.matmul(a, b, o),
+        "gluon": lambda a, b, o: gluon_matmul(a, b, o),
+        "gluon_add": lambda a, b, o: gluon_matmul(a, b, o, part(o)),
+        "gluon_ws": lambda a, b, o: gluon_matmul(a, b, o, ws=True),
+        "gluon_ws_add": lambda a, b, o: gluon_matmul(a, b, o, part(o), ws=True),
+        "gluon_ws_128": lambda a, b, o: gluon_matmul(a, b, o, ws=True, **M128),
+        "gluon_ws_128_add": lambda a, b, o: gluon_matmul(a, b, o, part(o), ws=True, **M128),
+        # four stages leave room for two partial buffers of their own (224 KiB of shared memory in all)
+        "gluon_ws_128_s4": lambda a, b, o: gluon_matmul(a, b, o, ws=True, **(M128 | {"stages": 4})),
+        "gluon_ws_128_add2": lambda a, b, o: gluon_matmul(
+            a, b, o, part(o), ws=True, p_bufs=2, **(M128 | {"stages": 4})
+        ),
+        # cuBLAS with the partial as its C (beta = 1): the library's own fused add
+        "cublas_addmm": lambda a, b, o: torch.addmm(part(o), a, b, out=o),
+        **pingpong,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--variants", help="comma-separated names to time (default: all); cublas always runs")
+    parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="operands (fp8: E4M3, bf16 out)")
     args = parser.parse_args()
+    fp8 = args.dtype == "fp8"
     rows = []
     for m, n, k in SHAPES:
-        ops = Operands(m, n, k, l2_bytes(), seed=0)
-        partial = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-        variants = {
-            "cublas": lambda a, b, o: torch.mm(a, b, out=o),
-            "ours": lambda a, b, o: gemm.matmul(a, b, o),
-            "gluon": lambda a, b, o: gluon_matmul(a, b, o),
-            "gluon_add": lambda a, b, o, p=partial: gluon_matmul(a, b, o, p),
-            "gluon_ws": lambda a, b, o: gluon_matmul(a, b, o, ws=True),
-            "gluon_ws_add": lambda a, b, o, p=partial: gluon_matmul(a, b, o, p, ws=True),
-            "gluon_ws_128": lambda a, b, o: gluon_matmul(a, b, o, ws=True, **M128),
-            "gluon_ws_128_add": lambda a, b, o, p=partial: gluon_matmul(a, b, o, p, ws=True, **M128),
-            # four stages leave room for two partial buffers of their own (224 KiB of shared memory in all)
-            "gluon_ws_128_s4": lambda a, b, o: gluon_matmul(a, b, o, ws=True, **(M128 | {"stages": 4})),
-            "gluon_ws_128_add2": lambda a, b, o, p=partial: gluon_matmul(
-                a, b, o, p, ws=True, p_bufs=2, **(M128 | {"stages": 4})
-            ),
-        }
+        ops = Operands(m, n, k, l2_bytes(), seed=0, dtype=gemm.FP8 if fp8 else torch.bfloat16)
+        # one partial per operand set, rotating with them: a partial read from L2 would flatter the adds
+        partials = {id(o): torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _, _, o in ops.sets}
+        variants = _variants(fp8, partials.__getitem__)  # a partial keyed by its set's output tensor
+        if args.variants:
+            keep = {"cublas", *args.variants.split(",")}
+            variants = {name: fn for name, fn in variants.items() if name in keep}
         a, b, o = ops.sets[0]
-        ref = a.float() @ b.float()
+        ref = reference(a, b)
         errs = {}
-        for name, fn in variants.items():
+        for name, fn in list(variants.items()):
             o.fill_(float("nan"))
-            fn(a, b, o)
-            want = ref + partial.float() if "_add" in name else ref  # _add and _add2
+            try:
+                fn(a, b, o)
+            except Exception as e:  # a variant that does not compile or launch here is reported, not timed
+                print(f"{m}x{n}x{k} {name}: {type(e).__name__}: {str(e).strip()[-1500:]}", flush=True)
+                del variants[name]
+                continue
+            want = ref + partials[id(o)].float() if "_add" in name else ref  # _add, _add2, addmm, then_add
             errs[name] = rel_err(o, want)
         times = time_interleaved(ops, variants, warmup=10, repeats=args.repeats)
         base = times["cublas"]["ms"]
