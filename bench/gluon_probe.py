@@ -681,7 +681,7 @@ def main() -> int:
         ops = Operands(m, n, k, l2_bytes(), seed=0, dtype=gemm.FP8 if fp8 else torch.bfloat16)
         # one partial per operand set, rotating with them: a partial read from L2 would flatter the adds
         partials = {id(o): torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _, _, o in ops.sets}
-        variants = _variants(fp8, partials.__getitem__)  # a partial keyed by its set's output tensor
+        variants = _variants(fp8, lambda o, partials=partials: partials[id(o)])
         if args.variants:
             keep = {"cublas", *args.variants.split(",")}
             variants = {name: fn for name, fn in variants.items() if name in keep}
