@@ -85,20 +85,22 @@ square."""
 
 
 @gluon.constexpr_function
-def _acc_layout(block_m, block_n, num_warps):
+def _acc_layout(block_m, block_n, num_warps, in_dtype):
     """The wgmma accumulator's register layout: warpgroups stacked along M, one instruction as wide in N as
-    the tile allows (at most 256)."""
+    the tile allows (at most 256) and reading 32 bytes of K per row of ``in_dtype`` operands."""
     warps = [4, num_warps // 4] if block_m < 64 * (num_warps // 4) else [num_warps, 1]
     n = min(256, block_n // warps[1])
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 16])
+    k = 256 // in_dtype.primitive_bitwidth
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, k])
 
 
 @gluon.jit
-def _schedule(a_desc, b_desc):
+def _schedule(a_desc, out_desc):
     """This program's share of the persistent grid: (tile rows, tile columns, K steps, first tile, stride, its
-    tiles)."""
-    num_pid_m = gl.cdiv(a_desc.shape[0], a_desc.block_type.shape[0])
-    num_pid_n = gl.cdiv(b_desc.shape[1], b_desc.block_type.shape[1])
+    tiles).  Counted on the output's tiles (``out_desc``: the output's or the partial's descriptor), so that b
+    may be K-major."""
+    num_pid_m = gl.cdiv(out_desc.shape[0], out_desc.block_type.shape[0])
+    num_pid_n = gl.cdiv(out_desc.shape[1], out_desc.block_type.shape[1])
     k_tiles = gl.cdiv(a_desc.shape[1], a_desc.block_type.shape[1])
     start = gl.program_id(0)
     step = gl.num_programs(0)
@@ -114,13 +116,13 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _issue_load(load, total, a_desc, b_desc, bars, a_bufs, b_bufs, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+def _issue_load(load, total, a_desc, b_desc, c_desc, bars, a_bufs, b_bufs, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """TMA loads of this program's ``load``-th (a, b) K step, counted over all its tiles, into stage
     ``load % STAGES`` (predicated off past the last)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
-    num_pid_m, num_pid_n, k_tiles, start, step, _ = _schedule(a_desc, b_desc)
+    num_pid_m, num_pid_n, k_tiles, start, step, _ = _schedule(a_desc, c_desc)
     valid = load < total
     t = load // k_tiles
     kk = load - t * k_tiles
@@ -146,8 +148,8 @@ def _probe_kernel(
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     dtype: gl.constexpr = a_desc.dtype
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps)
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, b_desc)
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps, a_desc.dtype)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, c_desc)
     total = my_tiles * k_tiles
 
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -160,7 +162,7 @@ def _probe_kernel(
         mbarrier.init(bars.index(i), count=1)
     mbarrier.init(p_bar, count=1)
     for i in gl.static_range(STAGES - 1):
-        _issue_load(i, total, a_desc, b_desc, bars, a_bufs, b_bufs, STAGES, GROUP_M)
+        _issue_load(i, total, a_desc, b_desc, c_desc, bars, a_bufs, b_bufs, STAGES, GROUP_M)
 
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     load = 0
@@ -174,7 +176,7 @@ def _probe_kernel(
             acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
             # one wgmma in flight: the one before it is done, so its stage takes the next load
             acc, _, _ = warpgroup_mma_wait(1, deps=(acc, a_bufs.index(s), b_bufs.index(s)))
-            _issue_load(load + STAGES - 1, total, a_desc, b_desc, bars, a_bufs, b_bufs, STAGES, GROUP_M)
+            _issue_load(load + STAGES - 1, total, a_desc, b_desc, c_desc, bars, a_bufs, b_bufs, STAGES, GROUP_M)
             if ADD:
                 if kk == k_tiles // 2:
                     # the last tile's store must have left the buffer the partial lands in
@@ -239,7 +241,7 @@ def _ws_loader(
     free, and with ADD the tile's partial: into the epilogue's buffer halfway through the tile once the MMA
     warps have stored the last tile from it (P_BUFS 0), or at the tile's start into a ring of P_BUFS buffers
     of its own."""
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, b_desc)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, p_desc)
     load = 0
     for t in range(my_tiles):
         pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
@@ -289,8 +291,8 @@ def _ws_mma(
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     dtype: gl.constexpr = c_desc.dtype
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, gl.num_warps())
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, b_desc)
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, gl.num_warps(), a_desc.dtype)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, c_desc)
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     load = 0
     for t in range(my_tiles):
@@ -404,26 +406,6 @@ def _ws_kernel(
     )
 
 
-@gluon.constexpr_function
-def _pp_acc_layout(block_m, block_n, in_dtype):
-    """One warpgroup's wgmma accumulator for a [block_m, block_n] tile of ``in_dtype`` operands (an
-    instruction reads 32 bytes of K per row)."""
-    return gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 256 // in_dtype.primitive_bitwidth]
-    )
-
-
-@gluon.jit
-def _pp_schedule(a_desc, c_desc):
-    """`_schedule` counted on the output's tiles, so that b may be K-major ([N, K], FP8)."""
-    num_pid_m = gl.cdiv(c_desc.shape[0], c_desc.block_type.shape[0])
-    num_pid_n = gl.cdiv(c_desc.shape[1], c_desc.block_type.shape[1])
-    k_tiles = gl.cdiv(a_desc.shape[1], a_desc.block_type.shape[1])
-    start = gl.program_id(0)
-    step = gl.num_programs(0)
-    return num_pid_m, num_pid_n, k_tiles, start, step, gl.cdiv(num_pid_m * num_pid_n - start, step)
-
-
 @gluon.jit
 def _pp_loader(
     a_desc,
@@ -439,7 +421,7 @@ def _pp_loader(
     tile's partial into its consumer's epilogue buffer once that consumer has stored its last tile from it.
     ``p_desc`` has the output's shape and tiles (the output's own descriptor without ADD)."""
     a_bufs, b_bufs, c_bufs, empty, ready, p_empty, p_ready, _ = ring
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _pp_schedule(a_desc, p_desc)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, p_desc)
     load = 0
     for t in range(my_tiles):
         pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
@@ -475,13 +457,14 @@ def _pp_consumer(
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     dtype: gl.constexpr = c_desc.dtype
-    acc_layout: gl.constexpr = _pp_acc_layout(BLOCK_M, BLOCK_N, a_desc.dtype)
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _pp_schedule(a_desc, c_desc)
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, 4, a_desc.dtype)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, c_desc)
     c_smem = c_bufs.index(ME)
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     for t in range(ME, my_tiles, 2):
         pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
-        # the last tile's store has had the other warpgroup's whole K loop to leave the buffer
+        # the partial lands in the buffer this warpgroup's last tile was stored from: that store must have left
+        # it, a wait that falls while the other warpgroup has its turn at the K loop
         tma.store_wait(pendings=0)
         if ADD:
             mbarrier.arrive(p_empty.index(ME), pred=t >= 2)
@@ -567,16 +550,13 @@ def _pp_kernel(
     )
 
 
-def pingpong_matmul(
-    a, b, out, partial=None, *, added=True, stages=4, group_m=8, mma_regs=232, loader_regs=40
-):  # fmt: skip
-    """``out = a @ b (+ partial)`` on 128x128 tiles, two MMA warpgroups taking turns (`_pp_kernel`).  FP8
-    operands come as `bench.timing.Operands` makes them: b a [K, N] view of a row-major [N, K], scaled by
-    `FP8_SCALES`.  ``added=False`` loads the partial as for the add but leaves it out: what its traffic alone
-    costs."""
-    fp8 = a.dtype == gemm.FP8
-    bm, bn, bk = 128, 128, 128 if fp8 else 64
+def _launch_args(a, b, out, partial, block):
+    """The TMA descriptors of a, b, out and the partial (out's own without one) for ``block`` = (bm, bn, bk)
+    tiles, and the persistent grid: one program per SM, at most one per tile.  An FP8 b comes as
+    `bench.timing.Operands` makes it, a [K, N] view of a row-major [N, K], and is read K-major."""
+    bm, bn, bk = block
     lay = gl.NVMMASharedLayout.get_default_for
+    fp8 = a.dtype == gemm.FP8
     in_dtype = gl.float8e4nv if fp8 else gl.bfloat16
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk], lay([bm, bk], in_dtype))
     if fp8:
@@ -587,42 +567,27 @@ def pingpong_matmul(
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn], c_layout)
     p_desc = TensorDescriptor.from_tensor(partial if partial is not None else out, [bm, bn], c_layout)
     tiles = triton.cdiv(out.shape[0], bm) * triton.cdiv(out.shape[1], bn)
-    grid = (min(gemm.device_sm_count(a.device), tiles),)
+    return (a_desc, b_desc, c_desc, p_desc), (min(gemm.device_sm_count(a.device), tiles),)
+
+
+def pingpong_matmul(a, b, out, partial=None, *, added=True, stages=4, group_m=8, mma_regs=232, loader_regs=40):
+    """``out = a @ b (+ partial)`` on 128x128 tiles, two MMA warpgroups taking turns (`_pp_kernel`).  FP8
+    operands are scaled by `FP8_SCALES`.  ``added=False`` loads the partial as for the add but leaves it out:
+    what its traffic alone costs."""
+    fp8 = a.dtype == gemm.FP8
+    descriptors, grid = _launch_args(a, b, out, partial, (128, 128, 128 if fp8 else 64))
     scale = FP8_SCALES[0] * FP8_SCALES[1] if fp8 else 1.0
-    _pp_kernel[grid](
-        a_desc,
-        b_desc,
-        c_desc,
-        p_desc,
-        scale,
-        0 if partial is None else 1 if added else 2,
-        stages,
-        group_m,
-        fp8,
-        fp8,
-        mma_regs,
-        loader_regs,
-        num_warps=4,
-    )
+    mode = 0 if partial is None else 1 if added else 2
+    _pp_kernel[grid](*descriptors, scale, mode, stages, group_m, fp8, fp8, mma_regs, loader_regs, num_warps=4)
     return out
 
 
 def gluon_matmul(a, b, out, partial=None, *, ws=False, block=(128, 256, 64), stages=3, group_m=8, warps=8, p_bufs=0):
-    bm, bn, bk = block
-    lay = gl.NVMMASharedLayout.get_default_for
-    a_desc = TensorDescriptor.from_tensor(a, [bm, bk], lay([bm, bk], gl.bfloat16))
-    b_desc = TensorDescriptor.from_tensor(b, [bk, bn], lay([bk, bn], gl.bfloat16))
-    c_layout = lay([bm, bn], gl.bfloat16)
-    c_desc = TensorDescriptor.from_tensor(out, [bm, bn], c_layout)
-    p_desc = TensorDescriptor.from_tensor(partial if partial is not None else out, [bm, bn], c_layout)
-    tiles = triton.cdiv(out.shape[0], bm) * triton.cdiv(out.shape[1], bn)
-    grid = (min(gemm.device_sm_count(a.device), tiles),)
+    descriptors, grid = _launch_args(a, b, out, partial, block)
     if ws:
-        _ws_kernel[grid](
-            a_desc, b_desc, c_desc, p_desc, partial is not None, stages, group_m, p_bufs, 40, num_warps=warps
-        )
+        _ws_kernel[grid](*descriptors, partial is not None, stages, group_m, p_bufs, 40, num_warps=warps)
     else:
-        _probe_kernel[grid](a_desc, b_desc, c_desc, p_desc, partial is not None, stages, group_m, num_warps=warps)
+        _probe_kernel[grid](*descriptors, partial is not None, stages, group_m, num_warps=warps)
     return out
 
 
