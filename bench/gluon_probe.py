@@ -18,7 +18,9 @@ that it loads by TMA while the tile's MMAs run and adds before the store:
     gluon_pp           ping-pong, as cuBLAS's and CUTLASS's Hopper kernels schedule: 128x128 tiles, a loader
                        warp and two MMA warpgroups that take turns at the K loop over one ring (4 stages;
                        ``_s3``/``_s5``: 3 or 5), so each warpgroup's epilogue (the partial loaded into its own
-                       epilogue buffer during its K loop, added, the tile stored) runs under the other's MMAs
+                       epilogue buffer during its K loop, added, the tile stored) runs under the other's MMAs;
+                       ``_half``: the partial added to the first half of the rows only, as the fused
+                       reduce-scatter at tp = 2 adds received partials to its own chunk's tiles alone
 
 and the library's own answer to the same question: ``cublas_addmm`` (BF16: cuBLAS with the partial as its C,
 beta = 1) and ``cublas_then_add`` (FP8: cuBLASLt's FP8 GEMM takes no [M, N] addend, so a second kernel adds).
@@ -407,20 +409,33 @@ def _ws_kernel(
 
 
 @gluon.jit
+def _scaled(acc, scale, SCALED: gl.constexpr, part=None):
+    """The epilogue's value: ``acc`` (times ``scale`` for FP8 operands), plus ``part`` where given."""
+    if SCALED:
+        acc = acc * scale
+    if part is not None:
+        acc = acc + part
+    return acc
+
+
+@gluon.jit
 def _pp_loader(
     a_desc,
     b_desc,
     p_desc,
     ring,
+    own_rows,
     ADD: gl.constexpr,
     STAGES: gl.constexpr,
     GROUP_M: gl.constexpr,
     B_KMAJOR: gl.constexpr,
 ):
     """Ping-pong's loader warp: every tile's (a, b) K steps into the one ring, in tile order, and with ADD the
-    tile's partial into its consumer's epilogue buffer once that consumer has stored its last tile from it.
-    ``p_desc`` has the output's shape and tiles (the output's own descriptor without ADD)."""
+    partial of each tile in the first ``own_rows`` rows into its consumer's epilogue buffer once that consumer
+    has stored its last tile from it.  ``p_desc`` has the output's shape and tiles (the output's own descriptor
+    without ADD)."""
     a_bufs, b_bufs, c_bufs, empty, ready, p_empty, p_ready, _ = ring
+    BLOCK_M: gl.constexpr = p_desc.block_type.shape[0]
     num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, p_desc)
     load = 0
     for t in range(my_tiles):
@@ -429,7 +444,10 @@ def _pp_loader(
             _fill_stage(load, kk, pid_m, pid_n, a_desc, b_desc, a_bufs, b_bufs, empty, ready, STAGES, B_KMAJOR)
             if ADD:
                 if kk == 0:
-                    _load_partial(p_desc, c_bufs, p_empty, p_ready, t % 2, ((t // 2) & 1) ^ 1, pid_m, pid_n)
+                    # the consumer frees its buffer at every tile's start, its own or not, so the parity counts
+                    # all of its tiles
+                    if pid_m * BLOCK_M < own_rows:
+                        _load_partial(p_desc, c_bufs, p_empty, p_ready, t % 2, ((t // 2) & 1) ^ 1, pid_m, pid_n)
             load += 1
 
 
@@ -440,6 +458,7 @@ def _pp_consumer(
     c_desc,
     ring,
     scale,
+    own_rows,
     ME: gl.constexpr,
     ADD: gl.constexpr,
     STAGES: gl.constexpr,
@@ -461,8 +480,10 @@ def _pp_consumer(
     num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, c_desc)
     c_smem = c_bufs.index(ME)
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    added = 0  # partials this warpgroup has taken: the parity of its buffer's ready barrier
     for t in range(ME, my_tiles, 2):
         pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        own = pid_m * BLOCK_M < own_rows
         # the partial lands in the buffer this warpgroup's last tile was stored from: that store must have left
         # it, a wait that falls while the other warpgroup has its turn at the K loop
         tma.store_wait(pendings=0)
@@ -486,19 +507,17 @@ def _pp_consumer(
         mbarrier.arrive(turn.index(1 - ME))
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES))
-        # the scale applied inside the one expression: a scaled copy of the loop-carried accumulator spills
         if ADD:
-            mbarrier.wait(p_ready.index(ME), (t // 2) & 1)
+            if own:
+                mbarrier.wait(p_ready.index(ME), added & 1)
+                added += 1
+        # one expression, the scale applied inside it: a scaled copy of the loop-carried accumulator spills, as
+        # does a branch on `own` with a result of each side; a tile not its own reads the buffer and drops it
         if ADD == 1:
-            part = c_smem.load(acc_layout).to(gl.float32)
-            if SCALED:
-                out = (acc * scale + part).to(dtype)
-            else:
-                out = (acc + part).to(dtype)
-        elif SCALED:
-            out = (acc * scale).to(dtype)
+            part = gl.where(own, c_smem.load(acc_layout).to(gl.float32), 0.0)
+            out = _scaled(acc, scale, SCALED, part).to(dtype)
         else:
-            out = acc.to(dtype)
+            out = _scaled(acc, scale, SCALED).to(dtype)
         c_smem.store(out)
         fence_async_shared()
         tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
@@ -512,6 +531,7 @@ def _pp_kernel(
     c_desc,
     p_desc,
     scale,
+    own_rows,
     ADD: gl.constexpr,
     STAGES: gl.constexpr,
     GROUP_M: gl.constexpr,
@@ -541,9 +561,9 @@ def _pp_kernel(
     ring = (a_bufs, b_bufs, c_bufs, empty, ready, p_empty, p_ready, turn)
     gl.warp_specialize(
         [
-            (_pp_consumer, (a_desc, b_desc, c_desc, ring, scale, 0, ADD, STAGES, GROUP_M, B_KMAJOR, SCALED)),
-            (_pp_consumer, (a_desc, b_desc, c_desc, ring, scale, 1, ADD, STAGES, GROUP_M, B_KMAJOR, SCALED)),
-            (_pp_loader, (a_desc, b_desc, p_desc, ring, ADD, STAGES, GROUP_M, B_KMAJOR)),
+            (_pp_consumer, (a_desc, b_desc, c_desc, ring, scale, own_rows, 0, ADD, STAGES, GROUP_M, B_KMAJOR, SCALED)),
+            (_pp_consumer, (a_desc, b_desc, c_desc, ring, scale, own_rows, 1, ADD, STAGES, GROUP_M, B_KMAJOR, SCALED)),
+            (_pp_loader, (a_desc, b_desc, p_desc, ring, own_rows, ADD, STAGES, GROUP_M, B_KMAJOR)),
         ],
         [4, 1],
         [MMA_REGS, LOADER_REGS],
@@ -570,15 +590,19 @@ def _launch_args(a, b, out, partial, block):
     return (a_desc, b_desc, c_desc, p_desc), (min(gemm.device_sm_count(a.device), tiles),)
 
 
-def pingpong_matmul(a, b, out, partial=None, *, added=True, stages=4, group_m=8, mma_regs=232, loader_regs=40):
+def pingpong_matmul(
+    a, b, out, partial=None, *, added=True, own_rows=None, stages=4, group_m=8, mma_regs=232, loader_regs=40
+):
     """``out = a @ b (+ partial)`` on 128x128 tiles, two MMA warpgroups taking turns (`_pp_kernel`).  FP8
     operands are scaled by `FP8_SCALES`.  ``added=False`` loads the partial as for the add but leaves it out:
-    what its traffic alone costs."""
+    what its traffic alone costs.  ``own_rows``: only the tiles of the first so many rows take the partial, as
+    the fused reduce-scatter adds received partials to its own chunk's tiles only (default: every row)."""
     fp8 = a.dtype == gemm.FP8
     descriptors, grid = _launch_args(a, b, out, partial, (128, 128, 128 if fp8 else 64))
     scale = FP8_SCALES[0] * FP8_SCALES[1] if fp8 else 1.0
     mode = 0 if partial is None else 1 if added else 2
-    _pp_kernel[grid](*descriptors, scale, mode, stages, group_m, fp8, fp8, mma_regs, loader_regs, num_warps=4)
+    rows = out.shape[0] if own_rows is None else own_rows
+    _pp_kernel[grid](*descriptors, scale, rows, mode, stages, group_m, fp8, fp8, mma_regs, loader_regs, num_warps=4)
     return out
 
 
@@ -604,6 +628,8 @@ def _variants(fp8: bool, part) -> dict:
         "gluon_pp_s5_add": lambda a, b, o: pingpong_matmul(a, b, o, part(o), stages=5),
         "gluon_pp_s5": lambda a, b, o: pingpong_matmul(a, b, o, stages=5),
         "gluon_pp_s5_loaded": lambda a, b, o: pingpong_matmul(a, b, o, part(o), added=False, stages=5),
+        # the fused reduce-scatter's epilogue at tp = 2: the received partial added to one chunk's tiles only
+        "gluon_pp_s5_half_add": lambda a, b, o: pingpong_matmul(a, b, o, part(o), own_rows=o.shape[0] // 2, stages=5),
     }
     if fp8:
         return {
@@ -662,6 +688,8 @@ def main() -> int:
                 del variants[name]
                 continue
             want = ref + partials[id(o)].float() if "_add" in name else ref  # _add, _add2, addmm, then_add
+            if "_half" in name:
+                want[m // 2 :] = ref[m // 2 :]
             errs[name] = rel_err(o, want)
         times = time_interleaved(ops, variants, warmup=10, repeats=args.repeats)
         base = times["cublas"]["ms"]
