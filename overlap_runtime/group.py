@@ -10,9 +10,9 @@ a kernel's first launch with new constants can compile for many seconds on a fre
 config's first measurement took 51 s on the H200, most of it compiling), which a short trial timeout
 would take for a hang.
 
-Only rank 0 is spawned: it imports torch, then forks the other ranks from itself before it starts any thread
-or touches a device, so a group (and its restart after a failed config) pays one torch import instead of ``tp``
-(about 3 CPU-seconds each).  Rank 0 reaps the ranks it forked and reports their exit codes to the parent.
+Only rank 0 is spawned: it imports torch (on CPU also the emulated devices and the kernels' modules), then
+forks the other ranks from itself before it starts any thread or touches a device, so a group (and its restart
+after a failed config) pays one torch import instead of ``tp`` (about 3 CPU-seconds each).  Rank 0 reaps the ranks it forked and reports their exit codes to the parent.
 The ranks meet in a file (torch's FileStore in a fresh temporary folder), not on a TCP port: a port picked
 free by the parent can be taken by another group or program before rank 0 listens on it, which failed a
 start with EADDRINUSE (a rank could as well reach another group's store on that port).
@@ -153,6 +153,12 @@ def _group_main(start: _Start) -> None:
     _die_with_parent(start.parent_pid)
     os.environ.update(_SAFE_ENV | start.env)
     import torch.distributed  # noqa: F401  (before the fork: what the forked ranks save)
+
+    if start.backend == "cpu":
+        # Every task of the runtime unpickles into the devices' module, which imports the kernels and Triton
+        # (0.4-0.5 CPU-s a rank). Imported here the forked ranks share it; a CUDA group's ranks import it
+        # after the fork, so that nothing but torch's own import precedes a fork there.
+        import overlap_runtime.emulation  # noqa: F401
 
     forked = _Forked(start.exits)
     zygote = os.getpid()
