@@ -1,5 +1,5 @@
 """Real processes for the service tests: a controller (`autotune serve`) and CPU-backend workers
-(`autotune worker`), each a subprocess on a free loopback port, stopped (or killed) by the test.
+(`autotune worker`), each a process of its own (forked by `zygote`) on a free loopback port, stopped (or killed) by the test.
 
 Test modules load this file with ``pytest_plugins = ("conftest_service",)`` (which loads the storage suite's
 ``conftest_storage`` the same way, for ``sqlite_url`` / ``postgres_url``) and never import it, so pytest can
@@ -15,7 +15,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from ports import free_port
+from zygote import Zygote
 
 from api.schemas import JobPublic
 from autotune.cli.rest_client import Client
@@ -48,7 +48,6 @@ FAST_ENV = {
 CLI_HEARTBEAT_TIMEOUT_S = 600
 """`cpu_service`'s heartbeat timeout: longer than any stall of a worker on a loaded machine."""
 START_TIMEOUT_S = 60.0
-CLI = [sys.executable, "-c", "from autotune.cli.app import main; main()"]
 
 
 def wait_until(check: Callable[[], Any], *, timeout_s: float, what: str, every_s: float = 0.2) -> Any:
@@ -64,34 +63,31 @@ def wait_until(check: Callable[[], Any], *, timeout_s: float, what: str, every_s
 
 
 class Proc:
-    """A CLI subprocess in its own session, so kill -9 takes its TP group's rank processes along."""
+    """An ``autotune`` process (forked by the pytest process's `Zygote`) in its own session, so kill -9 takes
+    its TP group's rank processes along."""
 
-    def __init__(self, args: list[str], *, env: dict[str, str], log: Path) -> None:
+    def __init__(self, zygote: Zygote, args: list[str], *, env: dict[str, str], log: Path) -> None:
         self.log = log
-        self._out = log.open("ab")
-        self.popen = subprocess.Popen(
-            [*CLI, *args], env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.process = zygote.start(args, env=env, log=log)
 
     def kill9(self) -> None:
         """SIGKILL the process and everything it started: a machine that died."""
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        self.popen.wait()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
     def terminate(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
+        if self.process.poll() is None:
+            self.process.terminate()
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL whatever is left of its session."""
         self.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(15)
+            self.process.wait(15)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        self.popen.wait()
-        self._out.close()
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
     def tail(self, n: int = 40) -> str:
         lines = self.log.read_text(errors="replace").splitlines()
@@ -101,7 +97,8 @@ class Proc:
 class Service:
     """A controller on one database plus its workers; `url` stays the same across controller restarts."""
 
-    def __init__(self, *, db_url: str, tmp: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, zygote: Zygote, *, db_url: str, tmp: Path, env: dict[str, str] | None = None) -> None:
+        self.zygote = zygote
         self.db_url = db_url
         self.tmp = tmp
         self.port = free_port()
@@ -118,7 +115,7 @@ class Service:
     def start_controller(self, *, extra: list[str] = ()) -> None:
         args = ["serve", "--db", self.db_url, "--port", str(self.port), "--token", TOKEN, "--log-level", "warning"]
         args += extra
-        self.controller = Proc(args, env=self.env, log=self.tmp / "controller.log")
+        self.controller = Proc(self.zygote, args, env=self.env, log=self.tmp / "controller.log")
         wait_until(self._healthy, timeout_s=START_TIMEOUT_S, what=f"the controller at {self.url}")
 
     def start_worker(self, *, extra: list[str] = (), auth: tuple[str, ...] = ("--token", TOKEN)) -> Proc:
@@ -126,7 +123,7 @@ class Service:
         index = len(self.workers)
         args = ["worker", "--controller", self.url, "--backend", "cpu", *auth, "--name", f"w{index}"]
         args += ["--poll-s", "0.2", "--heartbeat-s", "1", "--log-level", "warning", *extra]
-        worker = Proc(args, env=self.env, log=self.tmp / f"worker{index}.log")
+        worker = Proc(self.zygote, args, env=self.env, log=self.tmp / f"worker{index}.log")
         self.workers.append(worker)
         return worker
 
@@ -151,7 +148,7 @@ class Service:
 
     def health(self) -> dict[str, Any] | None:
         """``GET /healthz`` of whichever controller process answers; None while none does."""
-        if self.controller is not None and self.controller.popen.poll() is not None:
+        if self.controller is not None and self.controller.process.poll() is not None:
             pytest.fail(f"controller exited:\n{self.controller.tail()}")
         try:
             response = httpx.get(f"{self.url}/healthz", timeout=1)
@@ -199,19 +196,28 @@ def module_controller(
     module's database of the kind ``request.param`` names ("sqlite" or "postgres"): for a module-scoped fixture
     parametrized over both to ``yield from``."""
     tmp = tmp_path_factory.mktemp(f"{request.module.__name__}_{request.param}")
-    service = Service(db_url=request.getfixturevalue(f"module_{request.param}_url"), tmp=tmp, env=env)
+    db_url = request.getfixturevalue(f"module_{request.param}_url")
+    service = Service(request.getfixturevalue("zygote"), db_url=db_url, tmp=tmp, env=env)
     service.start_controller(extra=extra)
     yield service
     service.stop()
 
 
+@pytest.fixture(scope="session")
+def zygote() -> Iterator[Zygote]:
+    """The process that forks this pytest process's controllers and workers (`zygote`)."""
+    started = Zygote()
+    yield started
+    started.close()
+
+
 @pytest.fixture
-def make_service(tmp_path: Path) -> Iterator[Callable[..., Service]]:
+def make_service(zygote: Zygote, tmp_path: Path) -> Iterator[Callable[..., Service]]:
     """Services started by the test, all stopped at its end (even when it fails)."""
     started: list[Service] = []
 
     def make(*, db_url: str, env: dict[str, str] | None = None) -> Service:
-        service = Service(db_url=db_url, tmp=tmp_path / f"service{len(started)}", env=env)
+        service = Service(zygote, db_url=db_url, tmp=tmp_path / f"service{len(started)}", env=env)
         service.tmp.mkdir()
         started.append(service)
         return service
@@ -222,27 +228,27 @@ def make_service(tmp_path: Path) -> Iterator[Callable[..., Service]]:
 
 
 @pytest.fixture(scope="module")
-def idle_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def idle_service(zygote: Zygote, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """A controller on a fresh SQLite file with no workers: its jobs are never measured (API tests)."""
     tmp = tmp_path_factory.mktemp("idle")
-    service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
+    service = Service(zygote, db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
     service.start_controller()
     yield service
     service.stop()
 
 
 @pytest.fixture(scope="module")
-def worker_token_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def worker_token_service(zygote: Zygote, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """A controller with a worker token of its own (clients and workers hold different credentials), no workers."""
     tmp = tmp_path_factory.mktemp("worker_token")
-    service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
+    service = Service(zygote, db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp)
     service.start_controller(extra=["--worker-token", WORKER_TOKEN])
     yield service
     service.stop()
 
 
 @pytest.fixture(scope="module")
-def cpu_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def cpu_service(zygote: Zygote, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """A controller on a fresh SQLite file with one CPU-backend worker (CLI tests).
 
     The CLI tests assert what the fleet is ("registered: w0 (cpu)"), never that a worker is lost, so the
@@ -251,7 +257,7 @@ def cpu_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     lost, and the fleet read "none"."""
     tmp = tmp_path_factory.mktemp("cpu")
     env = {"AUTOTUNE_HEARTBEAT_TIMEOUT_S": str(CLI_HEARTBEAT_TIMEOUT_S)}
-    service = Service(db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp, env=env)
+    service = Service(zygote, db_url=f"sqlite:///{tmp / 'autotune.db'}", tmp=tmp, env=env)
     service.start_controller()
     service.start_worker()
     with service.client() as client:  # registered before the first test: some assert what the workers are

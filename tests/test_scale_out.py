@@ -74,7 +74,7 @@ def test_serve_with_two_api_processes_runs_a_job_with_exactly_one_scheduling(mak
     service = make_service(db_url=sqlite_url, env={"AUTOTUNE_LEADER_TTL_S": "10"})
     service.start_controller(extra=["--workers", "2", "--log-level", "info"])
     assert service.controller is not None
-    serve_pid = service.controller.popen.pid
+    serve_pid = service.controller.process.pid
 
     def two_api_processes() -> set[int] | None:
         pids = api_processes(serve_pid)

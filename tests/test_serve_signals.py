@@ -49,7 +49,7 @@ def serve_with_local_worker(make_service: Callable[..., Service], tmp_path: Path
     assert service.controller is not None
     with service.client() as client:
         service.wait_until(lambda: client.workers(), timeout_s=60, what="the local worker to register")
-    (worker,) = children(service.controller.popen.pid)
+    (worker,) = children(service.controller.process.pid)
     return service, worker
 
 
@@ -57,8 +57,8 @@ def serve_with_local_worker(make_service: Callable[..., Service], tmp_path: Path
 def test_sigterm_to_serve_stops_its_local_worker_too(make_service: Callable[..., Service], tmp_path: Path) -> None:
     service, worker = serve_with_local_worker(make_service, tmp_path)
     assert service.controller is not None
-    os.kill(service.controller.popen.pid, signal.SIGTERM)  # the controller alone, not its process group
-    assert service.controller.popen.wait(STOP_TIMEOUT_S) == 0  # a clean shutdown, as after Ctrl-C
+    os.kill(service.controller.process.pid, signal.SIGTERM)  # the controller alone, not its process group
+    assert service.controller.process.wait(STOP_TIMEOUT_S) == 0  # a clean shutdown, as after Ctrl-C
     service.wait_until(lambda: gone(worker), timeout_s=STOP_TIMEOUT_S, what=f"the local worker {worker} to exit")
     # The worker went first, while the API still answered: the next serve shows it stopped, not lost.
     engine = storage.create_engine_for(url=service.db_url)
@@ -73,6 +73,6 @@ def test_sigterm_to_serve_stops_its_local_worker_too(make_service: Callable[...,
 def test_a_killed_serve_takes_its_local_worker_down(make_service: Callable[..., Service], tmp_path: Path) -> None:
     service, worker = serve_with_local_worker(make_service, tmp_path)
     assert service.controller is not None
-    os.kill(service.controller.popen.pid, signal.SIGKILL)  # no finally runs: the worker must notice by itself
-    service.controller.popen.wait(STOP_TIMEOUT_S)
+    os.kill(service.controller.process.pid, signal.SIGKILL)  # no finally runs: the worker must notice by itself
+    service.controller.process.wait(STOP_TIMEOUT_S)
     service.wait_until(lambda: gone(worker), timeout_s=STOP_TIMEOUT_S, what=f"the orphaned worker {worker} to exit")

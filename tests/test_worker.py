@@ -57,7 +57,7 @@ def test_hung_trials_are_reported_and_the_worker_goes_on(make_service: Callable[
         trials = client.all_trials(job_id)
         assert job.status == "failed" and "qkv_fprop" in job.error, job
         assert len(trials) >= 2 and all(t.state == "failed" and t.error.startswith("hung") for t in trials)
-        assert worker.popen.poll() is None, "the worker died"
+        assert worker.process.poll() is None, "the worker died"
         assert client.job(cuda_job).status == "queued"
         (registered,) = client.workers()
         assert registered.status != "lost"

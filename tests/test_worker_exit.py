@@ -59,7 +59,7 @@ def started_worker_with_a_running_trial(service: Service, *, extra: list[str] = 
     worker = service.start_worker(extra=list(extra))
     with service.client() as client:
         job_id = client.submit(shape=BUSY_SHAPE, layers=["qkv_fprop"], n_trials=4, backend="cpu").id
-    pid = worker.popen.pid
+    pid = worker.process.pid
     service.wait_until(lambda: len(session_members(pid)) >= 3, timeout_s=120, what="the worker's rank processes")
     service.wait_until(lambda: running_trial(service, job_id), timeout_s=120, what="a trial to run")
     return pid, job_id
@@ -83,7 +83,7 @@ def test_kill_9_of_a_worker_takes_its_ranks_within_2_s_and_prints_no_traceback(
     worker = service.workers[0]
     assert len(session_members(pid)) >= 3  # the worker, its two ranks (and multiprocessing's resource tracker)
     os.kill(pid, signal.SIGKILL)  # the worker alone, not its process group: the ranks must notice by themselves
-    worker.popen.wait(5)
+    worker.process.wait(5)
     killed = time.monotonic()
     service.wait_until(
         lambda: not session_members(pid), timeout_s=RANKS_GONE_S, what=f"every process of worker {pid} to end"
@@ -104,7 +104,7 @@ def test_sigterm_hands_the_running_trial_back_at_once_and_ends_the_ranks(
     with service.client() as client:
         (trial,) = [t for t in client.all_trials(job_id) if t.state == "running"]
         os.kill(pid, signal.SIGTERM)
-        assert worker.popen.wait(30) == 130  # interrupted, as docs/cli.md says
+        assert worker.process.wait(30) == 130  # interrupted, as docs/cli.md says
         service.wait_until(lambda: not session_members(pid), timeout_s=RANKS_GONE_S, what="the ranks to end")
         again = next(t for t in client.all_trials(job_id) if t.id == trial.id)
         assert again.state == "waiting" and again.worker_id is None, again
@@ -115,12 +115,12 @@ def test_exit_when_idle_exits_0_after_the_job_and_a_dead_controller_exits_1(
     make_service: Callable[..., Service], sqlite_url: str
 ) -> None:
     service, worker, _ = tiny_job_done(make_service(db_url=sqlite_url), worker_flags=["--exit-when-idle", "3"])
-    assert worker.popen.wait(60) == 0, worker.tail()
+    assert worker.process.wait(60) == 0, worker.tail()
 
     assert service.controller is not None
     service.controller.stop()
     orphan = service.start_worker(extra=["--exit-when-idle", "2"])
-    assert orphan.popen.wait(60) == 1, orphan.tail()
+    assert orphan.process.wait(60) == 1, orphan.tail()
     assert "error: controller: cannot reach" in orphan.tail()
 
 
@@ -128,7 +128,7 @@ def test_max_jobs_exits_0_once_that_many_of_its_jobs_have_ended(
     make_service: Callable[..., Service], sqlite_url: str
 ) -> None:
     service, worker, job_id = tiny_job_done(make_service(db_url=sqlite_url), worker_flags=["--max-jobs", "1"])
-    assert worker.popen.wait(30) == 0, worker.tail()
+    assert worker.process.wait(30) == 0, worker.tail()
     with service.client() as client:
         assert all(t.worker_id is not None for t in client.all_trials(job_id))
 

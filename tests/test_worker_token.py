@@ -84,7 +84,7 @@ def test_the_openapi_document_names_the_worker_token_for_registration(anonymous:
 
 def test_a_worker_with_only_the_clients_token_is_refused_at_registration(worker_token_service: Service) -> None:
     worker = worker_token_service.start_worker()
-    assert worker.popen.wait(60) == 2, worker.tail()  # a refused request is exit 2 (docs/cli.md)
+    assert worker.process.wait(60) == 2, worker.tail()  # a refused request is exit 2 (docs/cli.md)
     assert "error: Authorization: is the clients' token" in worker.tail()
 
 
