@@ -111,13 +111,13 @@ class Scheduler:
                 return False
             storage.mark_lost_workers(session=session, timeout=self.heartbeat_timeout)
             storage.expire_leases(session=session)
-            running = _jobs(session=session, status=JobStatus.RUNNING)
+            running = storage.jobs_in(session=session, status=JobStatus.RUNNING)
             for job in running:
                 if not self._still_leading(session):
                     return False
                 self._guarded(session, job, self._drive)
-            busy = self._running_study_names(session=session)
-            for job in reversed(_jobs(session=session, status=JobStatus.QUEUED)):  # oldest first
+            busy = storage.study_names_in(session=session, status=JobStatus.RUNNING)
+            for job in reversed(storage.jobs_in(session=session, status=JobStatus.QUEUED)):  # oldest first
                 if not self._still_leading(session):
                     return False
                 self._guarded(session, job, lambda s, j: self._start(s, j, busy))
@@ -213,13 +213,6 @@ class Scheduler:
         resolved = None if job.gpu is None else model_of(gpu)
         storage.set_job_status(session=session, job_id=job.id, status=JobStatus.RUNNING, gpu=resolved)
         log.info("job %s started on %s (%d slots)", job.id, gpu, len(names))
-
-    def _running_study_names(self, *, session: Session) -> set[str]:
-        return {
-            study.optuna_study_name
-            for job in _jobs(session=session, status=JobStatus.RUNNING)
-            for study in storage.list_layer_studies(session=session, job_id=job.id)
-        }
 
     def _gpu_for(self, *, session: Session, job: Job) -> str | None:
         """The GPU name the job's results are keyed by: "cpu", or the model of a worker that can run it and
@@ -415,16 +408,6 @@ class SchedulerThread:
 def _cause(error: BaseException) -> str:
     """The driver's message of a SQLAlchemy error without SQLAlchemy's statement and background link."""
     return f"{type(error).__name__}: {getattr(error, 'orig', None) or error}"
-
-
-def _jobs(*, session: Session, status: JobStatus) -> list[Job]:
-    """Every job in ``status``, newest first."""
-    jobs: list[Job] = []
-    while True:
-        page = storage.list_jobs(session=session, status=status, limit=storage.page.MAX_PAGE_SIZE, offset=len(jobs))
-        jobs += page.items
-        if len(jobs) >= page.total or not page.items:
-            return jobs
 
 
 def _rows(*, session: Session, job: Job, study: LayerStudy) -> list[Trial]:

@@ -19,7 +19,7 @@ from storage.engine import create_engine_for, default_sqlite_path, session_facto
 from storage.enrolments import issue_enrolment, use_enrolment
 from storage.errors import Conflict, NotFound, StorageError, public_reason
 from storage.health import probe_read, probe_write, reclaim
-from storage.jobs import cancel_job, create_job, first_configs, get_job, list_jobs, set_job_status
+from storage.jobs import cancel_job, create_job, first_configs, get_job, jobs_in, list_jobs, set_job_status
 from storage.leader import SCHEDULER, acquire_leadership, get_leader, release_leadership
 from storage.migrate import VERSION_TABLE, alembic_config, current_revision, upgrade
 from storage.models import (
@@ -37,7 +37,7 @@ from storage.models import (
 )
 from storage.page import Page
 from storage.revocation import REVOKED, Revocation, revoke_worker
-from storage.studies import add_layer_study, get_layer_study, list_layer_studies, update_layer_study
+from storage.studies import add_layer_study, get_layer_study, list_layer_studies, study_names_in, update_layer_study
 from storage.trials import (
     LEASE_EXPIRED,
     Claim,
@@ -110,6 +110,7 @@ __all__ = [
     "get_worker",
     "heartbeat",
     "issue_enrolment",
+    "jobs_in",
     "list_jobs",
     "list_layer_studies",
     "list_trials",
@@ -133,6 +134,7 @@ __all__ = [
     "set_job_status",
     "state_counts",
     "stop_worker",
+    "study_names_in",
     "tuned_results",
     "tuned_shapes",
     "update_layer_study",

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.errors import Conflict, NotFound, wraps_driver_errors
-from storage.models import JobStatus, LayerStudy, Trial
+from storage.models import Job, JobStatus, LayerStudy, Trial
 
 
 @wraps_driver_errors
@@ -49,6 +49,13 @@ def get_layer_study(*, session: Session, study_id: int) -> LayerStudy:
 def list_layer_studies(*, session: Session, job_id: str) -> list[LayerStudy]:
     """The job's studies in the order they were added (the job's layer order)."""
     return list(session.scalars(select(LayerStudy).where(LayerStudy.job_id == job_id).order_by(LayerStudy.id)))
+
+
+@wraps_driver_errors
+def study_names_in(*, session: Session, status: JobStatus) -> set[str]:
+    """The Optuna study names of every job in ``status``, in one query."""
+    stmt = select(LayerStudy.optuna_study_name).join(Job, LayerStudy.job_id == Job.id).where(Job.status == status)
+    return set(session.scalars(stmt))
 
 
 @wraps_driver_errors

@@ -253,6 +253,22 @@ def test_list_jobs_pages_newest_first_with_the_total(session: Session) -> None:
         storage.list_jobs(session=session, limit=0)
 
 
+def test_the_schedulers_queries_take_every_job_of_a_status_and_the_study_names_of_its_jobs(session: Session) -> None:
+    running = [new_job(session) for _ in range(3)]
+    queued = new_job(session)
+    for job in running:
+        storage.set_job_status(session=session, job_id=job.id, status=JobStatus.RUNNING)
+    names = {
+        new_study(session, job.id, slot).optuna_study_name for job in running for slot in ("qkv_fprop", "fc2_fprop")
+    }
+    new_study(session, queued.id)
+    ids = [j.id for j in storage.list_jobs(session=session, status=JobStatus.RUNNING).items]
+    assert [j.id for j in storage.jobs_in(session=session, status=JobStatus.RUNNING)] == ids  # newest first, as listed
+    assert [j.id for j in storage.jobs_in(session=session, status=JobStatus.QUEUED)] == [queued.id]
+    assert storage.study_names_in(session=session, status=JobStatus.RUNNING) == names
+    assert storage.jobs_in(session=session, status=JobStatus.FAILED) == []
+
+
 def test_list_trials_pages_one_jobs_trials_in_queue_order(session: Session) -> None:
     job, other = new_job(session), new_job(session)
     qkv, fc2 = new_study(session, job.id), new_study(session, job.id, "fc2_fprop")
