@@ -1,10 +1,11 @@
 """The CLI processes of the service tests, forked from one process that imported the CLI once (a zygote).
 
 A controller imports FastAPI, SQLAlchemy, Alembic and Optuna before it serves: 1.7-2.1 CPU-seconds of the
-2-core test machine per start, and the suite starts some eighty controllers and as many workers.  Here each
-pytest process starts one zygote, a plain ``python -c`` process that imports what ``autotune serve`` and
-``autotune worker`` import and then only waits: for a request to start ``autotune ARGS`` (with an
-environment, a log file and a working folder), which it forks; and for its children's exits, which it reports.
+2-core test machine per start (a worker's imports: 0.6-0.7), and the suite starts about ninety controllers and
+workers in all.  Here each pytest process starts one zygote, a plain ``python -c`` process that imports what
+``autotune serve`` and ``autotune worker`` import and then only waits: for a request to start ``autotune ARGS``
+(with an environment, a log file and a working folder), which it forks; and for its children's exits, which it
+reports.
 
 A forked child runs what ``python -c "from autotune.cli.app import main; main()" ARGS`` runs, in a session of
 its own (``kill -9`` of its process group takes its TP group's ranks along), with its stdout and stderr in the
