@@ -127,10 +127,14 @@ def test_configs_asked_to_be_measured_first_are_measured_before_the_search(make_
     searched = [t.optuna_trial_number for t in trials if t.purpose == "search"]
     assert searched
     for config in (first, unsplit):
-        (mine,) = [t for t in trials if [c.model_dump() for c in t.config.configs] == [config]]
-        assert mine.purpose == "baseline" and mine.state == "complete"
+        attempts = sorted(
+            (t for t in trials if [c.model_dump() for c in t.config.configs] == [config]), key=lambda t: t.id
+        )
+        assert attempts[0].purpose == "baseline" and attempts[0].optuna_trial_number < min(searched)
+        # measured once; asked again only after a lost lease (a worker stalled by a loaded machine)
+        (mine,) = [t for t in attempts if t.state == "complete"]
         assert mine.measurement["measurements"][0]["valid"]
-        assert mine.optuna_trial_number < min(searched)
+        assert all(t.error == LEASE_EXPIRED for t in attempts if t is not mine)
 
 
 def test_an_fp8_job_tunes_e4m3_gemms_and_serves_an_fp8_preset(make_service, sqlite_url: str) -> None:
