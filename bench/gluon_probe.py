@@ -271,6 +271,23 @@ def _load_partial(p_desc, p_bufs, p_empty, p_ready, pb, phase, pid_m, pid_n):
 
 
 @gluon.jit
+def _ring_mma(acc, a_bufs, b_bufs, ready, empty, load, kk, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
+    """One K step of an MMA partition fed by a loader: wait for ring stage ``load``, issue its async wgmma (b
+    read K-major where ``B_KMAJOR``), keep one in flight, and free the stage of the wgmma before it (which is
+    done) for the loader.  ``kk``: the step's index in its tile (the first frees nothing)."""
+    s = load % STAGES
+    mbarrier.wait(ready.index(s), (load // STAGES) & 1)
+    if B_KMAJOR:
+        b_op = b_bufs.index(s).permute((1, 0))
+    else:
+        b_op = b_bufs.index(s)
+    acc = warpgroup_mma(a_bufs.index(s), b_op, acc, use_acc=kk > 0, is_async=True)
+    acc, _, _ = warpgroup_mma_wait(1, deps=(acc, a_bufs.index(s), b_bufs.index(s)))
+    mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES), pred=kk > 0)
+    return acc
+
+
+@gluon.jit
 def _ws_mma(
     a_desc,
     b_desc,
@@ -300,11 +317,7 @@ def _ws_mma(
     for t in range(my_tiles):
         pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
         for kk in range(k_tiles):
-            s = load % STAGES
-            mbarrier.wait(ready.index(s), (load // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            acc, _, _ = warpgroup_mma_wait(1, deps=(acc, a_bufs.index(s), b_bufs.index(s)))
-            mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES), pred=kk > 0)
+            acc = _ring_mma(acc, a_bufs, b_bufs, ready, empty, load, kk, STAGES, False)
             if ADD and P_BUFS == 0:
                 if kk == k_tiles // 2:
                     tma.store_wait(pendings=0)
@@ -494,15 +507,7 @@ def _pp_consumer(
         mbarrier.wait(turn.index(ME), ((t // 2) & 1) ^ ME ^ 1)
         load = t * k_tiles
         for kk in range(k_tiles):
-            s = load % STAGES
-            mbarrier.wait(ready.index(s), (load // STAGES) & 1)
-            if B_KMAJOR:
-                b_op = b_bufs.index(s).permute((1, 0))
-            else:
-                b_op = b_bufs.index(s)
-            acc = warpgroup_mma(a_bufs.index(s), b_op, acc, use_acc=kk > 0, is_async=True)
-            acc, _, _ = warpgroup_mma_wait(1, deps=(acc, a_bufs.index(s), b_bufs.index(s)))
-            mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES), pred=kk > 0)
+            acc = _ring_mma(acc, a_bufs, b_bufs, ready, empty, load, kk, STAGES, B_KMAJOR)
             load += 1
         mbarrier.arrive(turn.index(1 - ME))
         acc = warpgroup_mma_wait(0, deps=(acc,))
