@@ -108,24 +108,27 @@ class Zygote:
         return self._conn
 
     def _recv(self) -> tuple[str, int, Any]:
-        assert self._conn is not None
+        """The zygote's next message, an exit noted on the way (the caller holds the lock)."""
+        assert self._conn is not None and self._errors is not None
         try:
-            return self._conn.recv()
+            kind, pid, value = self._conn.recv()
         except EOFError:
             self._errors.seek(0)
             raise RuntimeError(f"the zygote ended:\n{self._errors.read().decode(errors='replace')}") from None
+        if kind == "exited":
+            self._exits[pid] = value
+        return kind, pid, value
 
-    def start(self, args: list[str], *, env: dict[str, str], log: Path, cwd: Path | None = None) -> Forked:
+    def start(self, args: list[str], *, env: dict[str, str], log: Path) -> Forked:
+        """Fork ``autotune ARGS`` in this process's working folder, as `subprocess.Popen` would run it."""
         with self._lock:
             conn = self._connect()
-            conn.send(Launch(list(args), dict(env), str(log), str(cwd or os.getcwd())))
+            conn.send(Launch(list(args), dict(env), str(log), os.getcwd()))
             while True:
                 kind, pid, value = self._recv()
-                if kind == "exited":
-                    self._exits[pid] = value
-                elif kind == "failed":
+                if kind == "failed":
                     raise RuntimeError(f"the zygote could not start autotune {' '.join(args)}: {value}")
-                else:
+                if kind == "started":
                     return Forked(self, pid)
 
     def exit_code(self, pid: int, *, timeout_s: float | None) -> int | None:
@@ -135,9 +138,8 @@ class Zygote:
             with self._lock:
                 assert self._conn is not None
                 while pid not in self._exits and self._conn.poll(0):
-                    kind, done, code = self._recv()
+                    kind, _, _ = self._recv()
                     assert kind == "exited", kind
-                    self._exits[done] = code
                 if pid in self._exits:
                     return self._exits[pid]
             left = None if deadline is None else deadline - time.monotonic()
