@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(db=args.db or f"sqlite:///{tmp}/autotune.db", passes=args.passes, warmup=args.warmup)
     result["environment"] = source()
-    print(json.dumps(result, indent=1))
+    text = json.dumps(result, indent=1)
+    print(text)
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.write_text(text + "\n")
     return result
 
 

@@ -12,7 +12,8 @@ would take for a hang.
 
 Only rank 0 is spawned: it imports torch (on CPU also the emulated devices and the kernels' modules), then
 forks the other ranks from itself before it starts any thread or touches a device, so a group (and its restart
-after a failed config) pays one torch import instead of ``tp`` (about 3 CPU-seconds each).  Rank 0 reaps the ranks it forked and reports their exit codes to the parent.
+after a failed config) pays one torch import instead of ``tp`` (about 3 CPU-seconds each).  Rank 0 reaps the
+ranks it forked and reports their exit codes to the parent.
 The ranks meet in a file (torch's FileStore in a fresh temporary folder), not on a TCP port: a port picked
 free by the parent can be taken by another group or program before rank 0 listens on it, which failed a
 start with EADDRINUSE (a rank could as well reach another group's store on that port).

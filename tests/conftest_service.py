@@ -1,5 +1,6 @@
 """Real processes for the service tests: a controller (`autotune serve`) and CPU-backend workers
-(`autotune worker`), each a process of its own (forked by `zygote`) on a free loopback port, stopped (or killed) by the test.
+(`autotune worker`), each a process of its own (forked by `zygote`) on a free loopback port, stopped (or
+killed) by the test.
 
 Test modules load this file with ``pytest_plugins = ("conftest_service",)`` (which loads the storage suite's
 ``conftest_storage`` the same way, for ``sqlite_url`` / ``postgres_url``) and never import it, so pytest can
