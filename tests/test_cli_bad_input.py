@@ -1,8 +1,11 @@
 """Bad input to the CLI ends in exit 2 with ``error: <field>: <rule> (got <value>)``, never a traceback; a
 database the controller cannot open at start ends in exit 1 with ``error: database: ...``.
 
-Each command runs as a user runs it, through the console script, so what is checked is the whole path from
-the flags to the exit status (a traceback would show on stderr and end in exit 1).
+Each command runs in a process of its own, from the flags to the exit status, so a traceback would show on
+stderr and end in exit 1.  Most are forked from the pytest process's zygote (tests/zygote.py), which runs the
+console script's own ``main`` with the command's argv and environment, without paying the imports of a fresh
+interpreter each time; the tests of a pipe closed under the command and of a read-only mount start the console
+script itself.
 """
 
 from __future__ import annotations
@@ -14,19 +17,43 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from zygote import Zygote
+
+pytest_plugins = ("conftest_service",)  # zygote
+
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 SHAPE = ["--hidden", "64", "--tp", "2", "--seq", "32"]
+TIMEOUT_S = 120
 
 
-def autotune(*args: str, env: dict[str, str] | None = None, tmp: Path) -> subprocess.CompletedProcess[str]:
-    """Run the console script with its own data folder (no user token file, no user database)."""
-    return subprocess.run(
-        [AUTOTUNE, *args], env=_env(tmp) | (env or {}), capture_output=True, text=True, timeout=120, check=False
-    )
+@dataclass(frozen=True)
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def autotune(zygote: Zygote, tmp_path: Path) -> Callable[..., Done]:
+    """``autotune ARGS`` forked by the zygote with its own data folder (no user token file, no user database),
+    run to its end: its exit code, stdout and stderr."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Done:
+        out, err = tmp_path / "stdout", tmp_path / "stderr"
+        for path in (out, err):
+            path.unlink(missing_ok=True)
+        code = zygote.start(list(args), env=_env(tmp_path) | (env or {}), log=out, err=err).wait(TIMEOUT_S)
+        return Done(code, out.read_text(), err.read_text())
+
+    return run
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -51,16 +78,16 @@ def _env(tmp: Path) -> dict[str, str]:
     ],
 )
 def test_bad_input_exits_2_naming_the_field_and_rule(
-    args: list[str], env: dict[str, str], message: str, tmp_path: Path
+    autotune: Callable[..., Done], args: list[str], env: dict[str, str], message: str
 ) -> None:
-    done = autotune(*args, env=env, tmp=tmp_path)
+    done = autotune(*args, env=env)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(message), done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_a_database_that_cannot_be_reached_at_start_exits_1_with_the_reason(tmp_path: Path) -> None:
-    done = autotune("serve", "--no-auth", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none", tmp=tmp_path)
+def test_a_database_that_cannot_be_reached_at_start_exits_1_with_the_reason(autotune: Callable[..., Done]) -> None:
+    done = autotune("serve", "--no-auth", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none")
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("error: database: upgrade failed: ") and "Traceback" not in done.stderr
 
@@ -98,23 +125,25 @@ LLAMA3_70B = PRESET / "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192.yaml"
         ("deep_map.yaml", "".join(" " * i + "b:\n" for i in range(1400))),
     ],
 )
-def test_a_deeply_nested_preset_exits_2_naming_the_file(name: str, text: str, tmp_path: Path) -> None:
+def test_a_deeply_nested_preset_exits_2_naming_the_file(
+    autotune: Callable[..., Done], name: str, text: str, tmp_path: Path
+) -> None:
     (tmp_path / name).write_text(text)
-    done = autotune("preset", "validate", str(tmp_path / name), tmp=tmp_path)
+    done = autotune("preset", "validate", str(tmp_path / name))
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"error: file: nests too deeply to be a preset (one is a few levels deep) (got {name!r})\n"
 
 
-def test_preset_names_a_preset_of_a_module_only(tmp_path: Path) -> None:
-    done = autotune("preset", "validate", str(LLAMA3_70B), "--preset", "nosuch", tmp=tmp_path)
+def test_preset_names_a_preset_of_a_module_only(autotune: Callable[..., Done]) -> None:
+    done = autotune("preset", "validate", str(LLAMA3_70B), "--preset", "nosuch")
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
         f"error: preset: picks one of the presets a .py module defines; {LLAMA3_70B.name} is not one (got 'nosuch')\n"
     )
 
 
-def test_a_file_that_cannot_be_read_exits_1_naming_it(tmp_path: Path) -> None:
-    done = autotune("preset", "validate", "/proc/self/mem", tmp=tmp_path)
+def test_a_file_that_cannot_be_read_exits_1_naming_it(autotune: Callable[..., Done]) -> None:
+    done = autotune("preset", "validate", "/proc/self/mem")
     assert done.returncode == 1, done.stderr
     assert done.stderr == "error: file: /proc/self/mem: Input/output error\n"
 
@@ -175,15 +204,19 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path: Path) ->
         ),
     ],
 )
-def test_a_bad_flag_exits_2_with_one_line_naming_it(args: list[str], message: str, tmp_path: Path) -> None:
-    done = autotune(*args, tmp=tmp_path)
+def test_a_bad_flag_exits_2_with_one_line_naming_it(
+    autotune: Callable[..., Done], args: list[str], message: str
+) -> None:
+    done = autotune(*args)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
 
 
-def test_tune_into_a_database_in_a_missing_folder_exits_2_and_creates_nothing(tmp_path: Path) -> None:
+def test_tune_into_a_database_in_a_missing_folder_exits_2_and_creates_nothing(
+    autotune: Callable[..., Done], tmp_path: Path
+) -> None:
     url = f"sqlite:///{tmp_path}/missing/dir/x.db"
-    done = autotune("tune", *SHAPE, "--backend", "cpu", "--out", str(tmp_path / "out"), "--db", url, tmp=tmp_path)
+    done = autotune("tune", *SHAPE, "--backend", "cpu", "--out", str(tmp_path / "out"), "--db", url)
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
         f"error: db_url: must name a file in an existing folder, but {tmp_path}/missing/dir does not exist "
@@ -192,13 +225,15 @@ def test_tune_into_a_database_in_a_missing_folder_exits_2_and_creates_nothing(tm
     assert not (tmp_path / "missing").exists()
 
 
-def test_serve_on_a_port_in_use_exits_1_before_touching_the_database(tmp_path: Path) -> None:
+def test_serve_on_a_port_in_use_exits_1_before_touching_the_database(
+    autotune: Callable[..., Done], tmp_path: Path
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         db = tmp_path / "autotune.db"
-        done = autotune("serve", "--no-auth", "--port", str(port), "--db", f"sqlite:///{db}", tmp=tmp_path)
+        done = autotune("serve", "--no-auth", "--port", str(port), "--db", f"sqlite:///{db}")
     assert done.returncode == 1, done.stderr
     assert done.stderr == f"error: port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
     assert not db.exists()  # no migration ran, no scheduler role was taken
@@ -217,11 +252,11 @@ class _WebPage(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_controller_url_of_another_http_service_exits_2_saying_so(tmp_path: Path) -> None:
+def test_a_controller_url_of_another_http_service_exits_2_saying_so(autotune: Callable[..., Done]) -> None:
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WebPage) as other:
         threading.Thread(target=other.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{other.server_address[1]}"
-        done = autotune("status", "0c97a863", "--no-follow", "--controller", url, tmp=tmp_path)
+        done = autotune("status", "0c97a863", "--no-follow", "--controller", url)
         other.shutdown()
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: controller: is not an autotune controller: GET /v1/jobs")
