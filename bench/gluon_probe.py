@@ -33,7 +33,7 @@ the older variants read b N-major, which an FP8 wgmma does not take.
 
 # Gluon compiles these kernels from their Python AST: a list built with `*` does not compile, and an `if` on a
 # constexpr is resolved at compile time, so it stays apart from the runtime test nested in it.
-# ruff: noqa: RUF005, SIM102, SIM108
+# ruff: noqa: RUF005, SIM102
 
 from __future__ import annotations
 
@@ -57,7 +57,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from bench.environment import environment  # noqa: E402
 from bench.timing import (  # noqa: E402
@@ -71,6 +70,19 @@ from bench.timing import (  # noqa: E402
     time_interleaved,
 )
 from overlap_runtime import gemm  # noqa: E402
+from overlap_runtime.ring_gluon import (  # noqa: E402
+    acc_layout,
+    fill_stage,
+    gemm_descriptors,
+    load_tile,
+    pingpong_mma,
+    pingpong_ring,
+    ring_mma,
+    scaled,
+    schedule,
+    tile_coords,
+    tile_descriptor,
+)
 
 SHAPES = (
     (8192, 2048, 1024),
@@ -86,37 +98,6 @@ worst cases after it), h4096 s4096 proj_fprop, our worst plain layer shape, h819
 square."""
 
 
-@gluon.constexpr_function
-def _acc_layout(block_m, block_n, num_warps, in_dtype):
-    """The wgmma accumulator's register layout: warpgroups stacked along M, one instruction as wide in N as
-    the tile allows (at most 256) and reading 32 bytes of K per row of ``in_dtype`` operands."""
-    warps = [4, num_warps // 4] if block_m < 64 * (num_warps // 4) else [num_warps, 1]
-    n = min(256, block_n // warps[1])
-    k = 256 // in_dtype.primitive_bitwidth
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, k])
-
-
-@gluon.jit
-def _schedule(a_desc, out_desc):
-    """This program's share of the persistent grid: (tile rows, tile columns, K steps, first tile, stride, its
-    tiles).  Counted on the output's tiles (``out_desc``: the output's or the partial's descriptor), so that b
-    may be K-major."""
-    num_pid_m = gl.cdiv(out_desc.shape[0], out_desc.block_type.shape[0])
-    num_pid_n = gl.cdiv(out_desc.shape[1], out_desc.block_type.shape[1])
-    k_tiles = gl.cdiv(a_desc.shape[1], a_desc.block_type.shape[1])
-    start = gl.program_id(0)
-    step = gl.num_programs(0)
-    return num_pid_m, num_pid_n, k_tiles, start, step, gl.cdiv(num_pid_m * num_pid_n - start, step)
-
-
-@gluon.jit
-def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    group = GROUP_M * num_pid_n
-    first_m = (tile // group) * GROUP_M
-    size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
-    return first_m + (tile % group) % size_m, (tile % group) // size_m
-
-
 @gluon.jit
 def _issue_load(load, total, a_desc, b_desc, c_desc, bars, a_bufs, b_bufs, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """TMA loads of this program's ``load``-th (a, b) K step, counted over all its tiles, into stage
@@ -124,11 +105,11 @@ def _issue_load(load, total, a_desc, b_desc, c_desc, bars, a_bufs, b_bufs, STAGE
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
-    num_pid_m, num_pid_n, k_tiles, start, step, _ = _schedule(a_desc, c_desc)
+    num_pid_m, num_pid_n, k_tiles, start, step, _ = schedule(a_desc, c_desc, 1)
     valid = load < total
     t = load // k_tiles
     kk = load - t * k_tiles
-    pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
     s = load % STAGES
     bar = bars.index(s)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=valid)
@@ -150,8 +131,8 @@ def _probe_kernel(
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     dtype: gl.constexpr = a_desc.dtype
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps, a_desc.dtype)
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, c_desc)
+    acc_l: gl.constexpr = acc_layout(BLOCK_M, BLOCK_N, num_warps, a_desc.dtype)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = schedule(a_desc, c_desc, 1)
     total = my_tiles * k_tiles
 
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -166,10 +147,10 @@ def _probe_kernel(
     for i in gl.static_range(STAGES - 1):
         _issue_load(i, total, a_desc, b_desc, c_desc, bars, a_bufs, b_bufs, STAGES, GROUP_M)
 
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_l)
     load = 0
     for t in range(my_tiles):
-        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         for kk in range(k_tiles):
@@ -189,7 +170,7 @@ def _probe_kernel(
         acc = warpgroup_mma_wait(0, deps=(acc,))
         if ADD:
             mbarrier.wait(p_bar, t & 1)
-            part = c_smem.load(acc_layout)
+            part = c_smem.load(acc_l)
             out = (acc + part.to(gl.float32)).to(dtype)
         else:
             tma.store_wait(pendings=0)
@@ -198,28 +179,6 @@ def _probe_kernel(
         fence_async_shared()
         tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
     tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _fill_stage(
-    load, kk, pid_m, pid_n, a_desc, b_desc, a_bufs, b_bufs, empty, ready, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr
-):
-    """A loader's ``load``-th TMA load into the ring (K step ``kk`` of tile (pid_m, pid_n)), once the MMAs freed
-    its stage; b is [K, N], or [N, K] with ``B_KMAJOR``."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    s = load % STAGES
-    # a fresh barrier counts as freed once: the first pass over the ring does not wait
-    mbarrier.wait(empty.index(s), ((load // STAGES) & 1) ^ 1)
-    bar = ready.index(s)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BLOCK_K], bar, a_bufs.index(s))
-    if B_KMAJOR:
-        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kk * BLOCK_K], bar, b_bufs.index(s))
-    else:
-        BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
-        tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, pid_n * BLOCK_N], bar, b_bufs.index(s))
 
 
 @gluon.jit
@@ -243,48 +202,27 @@ def _ws_loader(
     free, and with ADD the tile's partial: into the epilogue's buffer halfway through the tile once the MMA
     warps have stored the last tile from it (P_BUFS 0), or at the tile's start into a ring of P_BUFS buffers
     of its own."""
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, p_desc)
+    BLOCK_M: gl.constexpr = p_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = p_desc.block_type.shape[1]
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = schedule(a_desc, p_desc, 1)
     load = 0
     for t in range(my_tiles):
-        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
         for kk in range(k_tiles):
-            _fill_stage(load, kk, pid_m, pid_n, a_desc, b_desc, a_bufs, b_bufs, empty, ready, STAGES, False)
+            fill_stage(load, kk, off_m, off_n, a_desc, b_desc, a_bufs, b_bufs, empty, ready, STAGES, False)
             if ADD:
                 if P_BUFS == 0:
                     if kk == k_tiles // 2:
                         # after this step's load, so the MMA warps can reach the step where they free c_smem
-                        _load_partial(p_desc, p_bufs, p_empty, p_ready, 0, t & 1, pid_m, pid_n)
+                        load_tile(p_desc, off_m, off_n, p_bufs.index(0), p_empty.index(0), p_ready.index(0), t & 1)
                 elif kk == 0:
                     # the buffer's last partial (P_BUFS tiles ago) was read long before: no wait in practice
                     pb = t % P_BUFS
-                    _load_partial(p_desc, p_bufs, p_empty, p_ready, pb, ((t // P_BUFS) & 1) ^ 1, pid_m, pid_n)
+                    phase = ((t // P_BUFS) & 1) ^ 1
+                    load_tile(p_desc, off_m, off_n, p_bufs.index(pb), p_empty.index(pb), p_ready.index(pb), phase)
             load += 1
-
-
-@gluon.jit
-def _load_partial(p_desc, p_bufs, p_empty, p_ready, pb, phase, pid_m, pid_n):
-    mbarrier.wait(p_empty.index(pb), phase)
-    bar = p_ready.index(pb)
-    mbarrier.expect(bar, p_desc.block_type.nbytes)
-    off = [pid_m * p_desc.block_type.shape[0], pid_n * p_desc.block_type.shape[1]]
-    tma.async_copy_global_to_shared(p_desc, off, bar, p_bufs.index(pb))
-
-
-@gluon.jit
-def _ring_mma(acc, a_bufs, b_bufs, ready, empty, load, kk, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
-    """One K step of an MMA partition fed by a loader: wait for ring stage ``load``, issue its async wgmma (b
-    read K-major where ``B_KMAJOR``), keep one in flight, and free the stage of the wgmma before it (which is
-    done) for the loader.  ``kk``: the step's index in its tile (the first frees nothing)."""
-    s = load % STAGES
-    mbarrier.wait(ready.index(s), (load // STAGES) & 1)
-    if B_KMAJOR:
-        b_op = b_bufs.index(s).permute((1, 0))
-    else:
-        b_op = b_bufs.index(s)
-    acc = warpgroup_mma(a_bufs.index(s), b_op, acc, use_acc=kk > 0, is_async=True)
-    acc, _, _ = warpgroup_mma_wait(1, deps=(acc, a_bufs.index(s), b_bufs.index(s)))
-    mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES), pred=kk > 0)
-    return acc
 
 
 @gluon.jit
@@ -310,14 +248,14 @@ def _ws_mma(
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     dtype: gl.constexpr = c_desc.dtype
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, gl.num_warps(), a_desc.dtype)
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, c_desc)
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    acc_l: gl.constexpr = acc_layout(BLOCK_M, BLOCK_N, gl.num_warps(), a_desc.dtype)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = schedule(a_desc, c_desc, 1)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_l)
     load = 0
     for t in range(my_tiles):
-        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
         for kk in range(k_tiles):
-            acc = _ring_mma(acc, a_bufs, b_bufs, ready, empty, load, kk, STAGES, False)
+            acc = ring_mma(acc, a_bufs, b_bufs, ready, empty, load, kk, STAGES, False)
             if ADD and P_BUFS == 0:
                 if kk == k_tiles // 2:
                     tma.store_wait(pendings=0)
@@ -328,7 +266,7 @@ def _ws_mma(
         if ADD:
             pb = t % gl.maximum(P_BUFS, 1)
             mbarrier.wait(p_ready.index(pb), (t // gl.maximum(P_BUFS, 1)) & 1)
-            part = p_bufs.index(pb).load(acc_layout)
+            part = p_bufs.index(pb).load(acc_l)
             if P_BUFS > 0:
                 mbarrier.arrive(p_empty.index(pb))
             out = (acc + part.to(gl.float32)).to(dtype)
@@ -422,21 +360,12 @@ def _ws_kernel(
 
 
 @gluon.jit
-def _scaled(acc, scale, SCALED: gl.constexpr, part=None):
-    """The epilogue's value: ``acc`` (times ``scale`` for FP8 operands), plus ``part`` where given."""
-    if SCALED:
-        acc = acc * scale
-    if part is not None:
-        acc = acc + part
-    return acc
-
-
-@gluon.jit
 def _pp_loader(
     a_desc,
     b_desc,
     p_desc,
     ring,
+    epilogue,
     own_rows,
     ADD: gl.constexpr,
     STAGES: gl.constexpr,
@@ -447,20 +376,26 @@ def _pp_loader(
     partial of each tile in the first ``own_rows`` rows into its consumer's epilogue buffer once that consumer
     has stored its last tile from it.  ``p_desc`` has the output's shape and tiles (the output's own descriptor
     without ADD)."""
-    a_bufs, b_bufs, c_bufs, empty, ready, p_empty, p_ready, _ = ring
+    a_bufs, b_bufs, empty, ready = ring
+    c_bufs, p_empty, p_ready = epilogue
     BLOCK_M: gl.constexpr = p_desc.block_type.shape[0]
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, p_desc)
+    BLOCK_N: gl.constexpr = p_desc.block_type.shape[1]
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = schedule(a_desc, p_desc, 1)
     load = 0
     for t in range(my_tiles):
-        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
         for kk in range(k_tiles):
-            _fill_stage(load, kk, pid_m, pid_n, a_desc, b_desc, a_bufs, b_bufs, empty, ready, STAGES, B_KMAJOR)
+            fill_stage(load, kk, off_m, off_n, a_desc, b_desc, a_bufs, b_bufs, empty, ready, STAGES, B_KMAJOR)
             if ADD:
                 if kk == 0:
                     # the consumer frees its buffer at every tile's start, its own or not, so the parity counts
                     # all of its tiles
-                    if pid_m * BLOCK_M < own_rows:
-                        _load_partial(p_desc, c_bufs, p_empty, p_ready, t % 2, ((t // 2) & 1) ^ 1, pid_m, pid_n)
+                    if off_m < own_rows:
+                        me = t % 2
+                        phase = ((t // 2) & 1) ^ 1
+                        load_tile(p_desc, off_m, off_n, c_bufs.index(me), p_empty.index(me), p_ready.index(me), phase)
             load += 1
 
 
@@ -470,6 +405,8 @@ def _pp_consumer(
     b_desc,
     c_desc,
     ring,
+    epilogue,
+    turn,
     scale,
     own_rows,
     ME: gl.constexpr,
@@ -480,38 +417,26 @@ def _pp_consumer(
     SCALED: gl.constexpr,
 ):
     """One of ping-pong's two MMA warpgroups: every other tile of the program (``ME``: the first or the second),
-    so its epilogue (the partial added, the tile stored) runs under the other warpgroup's MMAs.
-
-    The two take turns at the K loop (``turn``: each arrives at the other's barrier once it has waited for its
-    tile's last load).  Besides ordering the MMAs, the turn keeps the shared ring's parity waits sound: a
-    warpgroup could otherwise reach a stage two loads ahead of the other's and pass on the older phase."""
-    a_bufs, b_bufs, c_bufs, empty, ready, p_empty, p_ready, turn = ring
+    so its epilogue (the partial added, the tile stored) runs under the other warpgroup's MMAs, which take turns
+    at the K loop (`pingpong_mma`)."""
+    c_bufs, p_empty, p_ready = epilogue
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     dtype: gl.constexpr = c_desc.dtype
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, 4, a_desc.dtype)
-    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = _schedule(a_desc, c_desc)
+    acc_l: gl.constexpr = acc_layout(BLOCK_M, BLOCK_N, 4, a_desc.dtype)
+    num_pid_m, num_pid_n, k_tiles, start, step, my_tiles = schedule(a_desc, c_desc, 1)
     c_smem = c_bufs.index(ME)
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_l)
     added = 0  # partials this warpgroup has taken: the parity of its buffer's ready barrier
     for t in range(ME, my_tiles, 2):
-        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
         own = pid_m * BLOCK_M < own_rows
         # the partial lands in the buffer this warpgroup's last tile was stored from: that store must have left
         # it, a wait that falls while the other warpgroup has its turn at the K loop
         tma.store_wait(pendings=0)
         if ADD:
             mbarrier.arrive(p_empty.index(ME), pred=t >= 2)
-        # my turn: the other warpgroup has waited for every load of the tile before mine (a fresh barrier
-        # counts as passed once, so the first tile's wait passes)
-        mbarrier.wait(turn.index(ME), ((t // 2) & 1) ^ ME ^ 1)
-        load = t * k_tiles
-        for kk in range(k_tiles):
-            acc = _ring_mma(acc, a_bufs, b_bufs, ready, empty, load, kk, STAGES, B_KMAJOR)
-            load += 1
-        mbarrier.arrive(turn.index(1 - ME))
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(empty.index((load + STAGES - 1) % STAGES))
+        acc = pingpong_mma(acc, ring, turn, t, k_tiles, ME, STAGES, B_KMAJOR)
         if ADD:
             if own:
                 mbarrier.wait(p_ready.index(ME), added & 1)
@@ -519,10 +444,10 @@ def _pp_consumer(
         # one expression, the scale applied inside it: a scaled copy of the loop-carried accumulator spills, as
         # does a branch on `own` with a result of each side; a tile not its own reads the buffer and drops it
         if ADD == 1:
-            part = gl.where(own, c_smem.load(acc_layout).to(gl.float32), 0.0)
-            out = _scaled(acc, scale, SCALED, part).to(dtype)
+            part = gl.where(own, c_smem.load(acc_l).to(gl.float32), 0.0)
+            out = scaled(acc, scale, SCALED, part).to(dtype)
         else:
-            out = _scaled(acc, scale, SCALED).to(dtype)
+            out = scaled(acc, scale, SCALED).to(dtype)
         c_smem.store(out)
         fence_async_shared()
         tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
@@ -546,29 +471,48 @@ def _pp_kernel(
     LOADER_REGS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    dtype: gl.constexpr = a_desc.dtype
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    p_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(empty.index(i), count=1)
-        mbarrier.init(ready.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(p_empty.index(i), count=1)
-        mbarrier.init(p_ready.index(i), count=1)
-        mbarrier.init(turn.index(i), count=1)
-    # the ring, the epilogue buffers and the barriers, as one tuple that every partition takes
-    ring = (a_bufs, b_bufs, c_bufs, empty, ready, p_empty, p_ready, turn)
+    ring, epilogue, turn = pingpong_ring(a_desc, b_desc, c_desc, STAGES)
     gl.warp_specialize(
         [
-            (_pp_consumer, (a_desc, b_desc, c_desc, ring, scale, own_rows, 0, ADD, STAGES, GROUP_M, B_KMAJOR, SCALED)),
-            (_pp_consumer, (a_desc, b_desc, c_desc, ring, scale, own_rows, 1, ADD, STAGES, GROUP_M, B_KMAJOR, SCALED)),
-            (_pp_loader, (a_desc, b_desc, p_desc, ring, own_rows, ADD, STAGES, GROUP_M, B_KMAJOR)),
+            (
+                _pp_consumer,
+                (
+                    a_desc,
+                    b_desc,
+                    c_desc,
+                    ring,
+                    epilogue,
+                    turn,
+                    scale,
+                    own_rows,
+                    0,
+                    ADD,
+                    STAGES,
+                    GROUP_M,
+                    B_KMAJOR,
+                    SCALED,
+                ),
+            ),
+            (
+                _pp_consumer,
+                (
+                    a_desc,
+                    b_desc,
+                    c_desc,
+                    ring,
+                    epilogue,
+                    turn,
+                    scale,
+                    own_rows,
+                    1,
+                    ADD,
+                    STAGES,
+                    GROUP_M,
+                    B_KMAJOR,
+                    SCALED,
+                ),
+            ),
+            (_pp_loader, (a_desc, b_desc, p_desc, ring, epilogue, own_rows, ADD, STAGES, GROUP_M, B_KMAJOR)),
         ],
         [4, 1],
         [MMA_REGS, LOADER_REGS],
@@ -579,18 +523,9 @@ def _launch_args(a, b, out, partial, block):
     """The TMA descriptors of a, b, out and the partial (out's own without one) for ``block`` = (bm, bn, bk)
     tiles, and the persistent grid: one program per SM, at most one per tile.  An FP8 b comes as
     `bench.timing.Operands` makes it, a [K, N] view of a row-major [N, K], and is read K-major."""
-    bm, bn, bk = block
-    lay = gl.NVMMASharedLayout.get_default_for
-    fp8 = a.dtype == gemm.FP8
-    in_dtype = gl.float8e4nv if fp8 else gl.bfloat16
-    a_desc = TensorDescriptor.from_tensor(a, [bm, bk], lay([bm, bk], in_dtype))
-    if fp8:
-        b_desc = TensorDescriptor.from_tensor(b.t(), [bn, bk], lay([bn, bk], in_dtype))
-    else:
-        b_desc = TensorDescriptor.from_tensor(b, [bk, bn], lay([bk, bn], in_dtype))
-    c_layout = lay([bm, bn], gl.bfloat16)
-    c_desc = TensorDescriptor.from_tensor(out, [bm, bn], c_layout)
-    p_desc = TensorDescriptor.from_tensor(partial if partial is not None else out, [bm, bn], c_layout)
+    bm, bn, _ = block
+    a_desc, b_desc, c_desc = gemm_descriptors(a, b, out, block)
+    p_desc = tile_descriptor(partial, bm, bn) if partial is not None else c_desc
     tiles = triton.cdiv(out.shape[0], bm) * triton.cdiv(out.shape[1], bn)
     return (a_desc, b_desc, c_desc, p_desc), (min(gemm.device_sm_count(a.device), tiles),)
 

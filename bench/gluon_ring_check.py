@@ -1,0 +1,223 @@
+"""GPU check of the Gluon scatter kernel (`overlap_runtime.ring_gluon`, issue 33): correctness, then its speed.
+
+    python bench/gluon_ring_check.py --out OUT.json [--repeats 50] [--skip-checks]
+
+1. Correctness, as tests/test_ring_gluon.py checks it (`ring_cases.run_scatter`: out, the staged partials and
+   their counts; `late_flags`: partials and flags raised from a second stream after the launch), BF16 and FP8,
+   2 and 4 chunks, every rank: the relative and the largest absolute error per case.
+2. Speed at TP = 2, rank 0, flags preset as `bench/ring_bench.py` times the fused kernel (every peer's flag
+   already up, its partial zero): the library on the whole [2R, K] @ [K, N] (torch.mm; FP8 torch._scaled_mm),
+   our Triton kernel on its default plan (``triton``) and on the 128x128 plan (``triton_128``), and the Gluon
+   kernel on that plan (``gluon``); microseconds and the ratio to the library, interleaved (`bench.timing`).
+
+Exit status 0 when every check passed and every timed variant computed right, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+for path in (REPO, REPO / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import torch  # noqa: E402
+from late_flags import StreamPeer, scatter_late, scatter_one_late  # noqa: E402
+from ring_cases import FP8, REL_TOL, rel_err, run_scatter  # noqa: E402
+
+from bench import ring_bench, shapes  # noqa: E402
+from bench.environment import environment  # noqa: E402
+from bench.timing import (  # noqa: E402
+    REL_ERR_LIMIT,
+    Operands,
+    Variant,
+    check,
+    l2_bytes,
+    library,
+    scales,
+    time_interleaved,
+    write_json,
+)
+from overlap_runtime import gemm, ring_gemm, ring_gluon  # noqa: E402
+
+DTYPES = {torch.bfloat16: "bf16", FP8: "fp8"}
+
+TIMED = (
+    ("h2048_s8192", "proj_fprop"),  # 8192x2048x1024: the worst case, 1.25x (BF16) / 1.38x (FP8) of the library
+    ("h2560_s4096_f6912_b2", "proj_fprop"),
+    ("h5120_s2048", "proj_fprop"),
+    ("h4096_s4096", "proj_fprop"),
+    ("h2048_s8192", "fc2_fprop"),
+)
+
+
+def medium(dtype: torch.dtype) -> gemm.GemmTileConfig:
+    """The 128x128 tiles that the Gluon kernel takes."""
+    return gemm.for_dtype(gemm.MEDIUM, dtype)
+
+
+def _plan(rows: int, n: int, k: int, *, dtype: torch.dtype, config: object = None, **kwargs: Any) -> Any:
+    return ring_gemm.scatter_plan(rows, n, k, dtype=dtype, config=config or medium(dtype), **kwargs)
+
+
+def _scatter(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    plan: Any,
+    tma: bool = True,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    **exchange: Any,
+) -> None:
+    assert ring_gluon.supports(a, b, out, plan, tma), plan
+    ring_gluon.scatter_matmul(a, b, out, plan=plan, scales=gemm.check_scales(a, scale_a, scale_b), **exchange)
+
+
+GLUON = types.SimpleNamespace(scatter_plan=_plan, scatter_matmul=_scatter)
+"""What `ring_cases` and `late_flags` take for `ring_gemm`, run by the Gluon kernel on 128x128 plans."""
+
+
+def checks() -> list[dict[str, Any]]:
+    """Part 1: every case of tests/test_ring_gluon.py, each with its errors (printed as it goes)."""
+    rows = []
+    for dtype in (torch.bfloat16, FP8):
+        for chunks in (2, 4):
+            for r, n, k, gemm_sms, col_groups, group_m in (
+                (8192 // chunks, 2048, 1024, None, None, 8),
+                (256, 256, 128, 3, None, 8),
+                (2048, 768, 384, None, 3, 8),
+                (384, 512, 256, 7, 2, 8),
+                (1024, 512, 256, 5, 2, 4),
+            ):
+                config = dataclasses.replace(medium(dtype), group_m=group_m)
+                for rank in range(chunks):
+                    case = {"dtype": DTYPES[dtype], "chunks": chunks, "rank": rank,
+                            "shape": [r, n, k], "gemm_sms": gemm_sms, "col_groups": col_groups, "group_m": group_m}  # fmt: skip
+                    try:
+                        out, ref = run_scatter(GLUON, chunks, rank, (r, n, k), dtype, tma=True, config=config,
+                                               gemm_sms=gemm_sms, device="cuda", col_groups=col_groups)  # fmt: skip
+                        err, worst = rel_err(out, ref), float((out.double() - ref).abs().max())
+                        case |= {"rel_err": err, "max_abs_err": worst, "ok": err <= REL_TOL[dtype]}
+                    except AssertionError as e:  # run_scatter's own checks of the staged partials and counts
+                        case |= {"ok": False, "failed": repr(e)[:300]}
+                    print("check", case, flush=True)
+                    rows.append(case)
+    torch.cuda.set_stream(torch.cuda.Stream())  # not the legacy default stream, which waits for every other one
+    for chunks, rank in ((2, 0), (4, 1)):
+        out, want = scatter_late(GLUON, StreamPeer(0.2), "cuda", chunks=chunks, rank=rank, shape=(256, 512, 256),
+                                 config=None, gemm_sms=4, col_groups=2)  # fmt: skip
+        err = rel_err(out, want)
+        rows.append({"late": True, "chunks": chunks, "rank": rank, "rel_err": err, "ok": err <= 1e-2})
+        print("check", rows[-1], flush=True)
+    for short in (False, True):
+        err = rel_err(*scatter_one_late(GLUON, StreamPeer(0.2), "cuda", chunks=4, rank=3, late=0,
+                                        shape=(256, 512, 256), gemm_sms=4, col_groups=2, short=short))  # fmt: skip
+        rows.append({"one_late": True, "short": short, "rel_err": err, "ok": (err > 1e-2) if short else (err <= 1e-2)})
+        print("check", rows[-1], flush=True)
+    torch.cuda.set_stream(torch.cuda.default_stream())
+    return rows
+
+
+def _variant(case: ring_bench.RingCase, dtype: torch.dtype, plan: Any, kernel: str) -> Variant:
+    """Rank 0's scatter on ``plan`` by ``kernel`` ("triton" or "gluon"), with every peer's flag up and its partial
+    zero, as `ring_bench.fused_variant` builds it."""
+    tp, rows = ring_bench.TP, case.m // ring_bench.TP
+    partial = gemm.out_dtype(dtype)
+    exchange = {
+        "parts": torch.empty((tp - 1, rows, case.n), dtype=partial, device="cuda"),
+        "counts": torch.zeros(((tp - 1) * len(plan.segments),), dtype=torch.int32, device="cuda"),
+        "recv": torch.zeros((tp, rows, case.n), dtype=partial, device="cuda"),
+        "ready": torch.full((tp * ring_gemm.max_segments(rows),), ring_bench.EPOCH, dtype=torch.int32, device="cuda"),
+        "epoch": ring_bench.EPOCH,
+        "rank": ring_bench.RANK,
+        "plan": plan,
+    }
+
+    def scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if kernel == "gluon":
+            sc = scales(a)
+            ring_gluon.scatter_matmul(
+                a, b, out[:rows], scales=gemm.check_scales(a, sc.get("scale_a"), sc.get("scale_b")), **exchange
+            )
+        else:
+            ring_gemm.scatter_matmul(a, b, out[:rows], **exchange, **scales(a))
+        return out[:rows]
+
+    return scatter
+
+
+def timings(*, warmup: int, repeats: int) -> list[dict[str, Any]]:
+    """Part 2: every `TIMED` case at BF16 and FP8 (printed as it goes)."""
+    wanted = {name for name, _ in TIMED}
+    cases = [c for c in ring_bench.ring_cases(shapes.parse_list(",".join(wanted), tp=ring_bench.TP))
+             if (c.shape, c.slot) in TIMED]  # fmt: skip
+    l2 = l2_bytes()
+    rows = []
+    print(f"{'case':34} {'dtype':5} {'library us':>10} {'triton':>7} {'triton_128':>10} {'gluon':>7}  gluon plan")
+    for dtype in (torch.bfloat16, FP8):
+        for case in cases:
+            r = case.m // ring_bench.TP
+            default = ring_gemm.scatter_plan(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype,
+                                             device=torch.device("cuda"), gemm_sms=None)  # fmt: skip
+            tiles = _plan(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype, device=torch.device("cuda"),
+                          gemm_sms=None)  # fmt: skip
+            ops = Operands(case.m, case.n, case.k, l2, seed=0, dtype=dtype)
+            a, b, out = ops.sets[0]
+            fns = {"library": library, "triton": _variant(case, dtype, default, "triton"),
+                   "triton_128": _variant(case, dtype, tiles, "triton")}  # fmt: skip
+            if ring_gluon.supports(a, b, out[:r], tiles, True):
+                fns["gluon"] = _variant(case, dtype, tiles, "gluon")
+            errors = {name: check(ops, fn) for name, fn in fns.items()}
+            times = time_interleaved(ops, fns, warmup=warmup, repeats=repeats)
+            us = {name: t["ms"] * 1e3 for name, t in times.items()}
+            vs = {name: us[name] / us["library"] for name in us}
+            row = dataclasses.asdict(case) | {
+                "dtype": DTYPES[dtype], "plans": {"triton": default.config.label(),
+                "triton_128": tiles.config.label(), "gluon": tiles.config.label()}, "segments": len(tiles.segments),
+                "rel_err": errors, "times": times, "vs_library": vs,
+                "correct": all(e <= REL_ERR_LIMIT for e in errors.values()),
+            }  # fmt: skip
+            rows.append(row)
+            name = f"{case.shape} {case.slot} {case.m}x{case.n}x{case.k}"
+            print(f"{name:34} {row['dtype']:5} {us['library']:10.1f} {vs['triton']:7.3f} {vs['triton_128']:10.3f} "
+                  f"{vs.get('gluon', float('nan')):7.3f}  {tiles.config.label()}"
+                  + ("" if row["correct"] else f"  WRONG {errors}"), flush=True)  # fmt: skip
+            del ops
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON results path")
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--skip-checks", action="store_true", help="time only")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or not ring_gluon.runs_on(torch.device("cuda")):
+        print(f"error: needs a Hopper GPU with Triton {ring_gluon.GLUON_TRITON}x Gluon ({ring_gluon.GLUON_ERROR})")
+        return 2
+    started = time.perf_counter()
+    payload: dict[str, Any] = {"environment": environment()}
+    payload["checks"] = [] if args.skip_checks else checks()
+    payload["checks_s"] = time.perf_counter() - started
+    payload["timings"] = timings(warmup=args.warmup, repeats=args.repeats)
+    payload["wall_s"] = time.perf_counter() - started
+    write_json(args.out, payload)
+    bad = [c for c in payload["checks"] if not c["ok"]] + [t for t in payload["timings"] if not t["correct"]]
+    print(f"{len(payload['checks'])} checks, {len(payload['timings'])} timed cases, {len(bad)} wrong, "
+          f"{payload['wall_s']:.0f} s")  # fmt: skip
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
