@@ -32,6 +32,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,21 +112,33 @@ def fused_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> t
 
         return gather, {"config": config.label()}
     plan = ring_gemm.scatter_plan(rows, case.n, case.k, chunks=TP, dtype=dtype, device=device, gemm_sms=None)
-    lanes = ring_gemm.max_segments(rows)
+    return scatter_variant(case, device, dtype, plan), {"config": plan.config.label(), "segments": len(plan.segments)}
+
+
+def scatter_variant(
+    case: RingCase,
+    device: torch.device,
+    dtype: torch.dtype,
+    plan: ring_gemm.ScatterPlan,
+    scatter: Callable[..., None] = ring_gemm.scatter_matmul,
+) -> Variant:
+    """Rank 0's fused reduce-scatter of ``case`` on ``plan`` with every peer's flag up and its partial zero, run
+    by ``scatter`` (`ring_gemm.scatter_matmul`, or a kernel that takes its call)."""
+    rows = case.m // TP
     partial_dtype = gemm.out_dtype(dtype)
     parts = torch.empty((TP - 1, rows, case.n), dtype=partial_dtype, device=device)
     recv = torch.zeros((TP, rows, case.n), dtype=partial_dtype, device=device)
     counts = torch.zeros(((TP - 1) * len(plan.segments),), dtype=torch.int32, device=device)
-    ready = torch.full((TP * lanes,), EPOCH, dtype=torch.int32, device=device)
+    ready = torch.full((TP * ring_gemm.max_segments(rows),), EPOCH, dtype=torch.int32, device=device)
 
-    def scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        ring_gemm.scatter_matmul(
+    def run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        scatter(
             a, b, out[:rows], parts=parts, counts=counts, recv=recv, ready=ready, epoch=EPOCH, rank=RANK, plan=plan,
             **scales(a),
         )  # fmt: skip
         return out[:rows]
 
-    return scatter, {"config": plan.config.label(), "segments": len(plan.segments)}
+    return run
 
 
 def plain_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> Variant:

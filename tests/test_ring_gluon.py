@@ -77,64 +77,15 @@ def test_operands_must_be_whole_tiles_of_bf16_or_k_major_fp8_with_tma_layouts() 
     assert not ring_gluon.supports(a, b, out, plan, False)  # pointer loads asked for: the Triton kernel
 
 
-_CUDA_SETUP = """
-import dataclasses, sys, types
-import torch
-sys.path.insert(0, "tests")
-from late_flags import StreamPeer, scatter_late, scatter_one_late
-from ring_cases import FP8, REL_TOL, rel_err, run_scatter
-from overlap_runtime import gemm, ring_gemm, ring_gluon
-
-def scatter_plan(rows, n, k, *, dtype, config=None, **kwargs):
-    # 128x128 tiles where the caller picks none: the tiles the Gluon kernel takes
-    config = config or gemm.for_dtype(gemm.MEDIUM, dtype)
-    return ring_gemm.scatter_plan(rows, n, k, dtype=dtype, config=config, **kwargs)
-
-def scatter_matmul(a, b, out, *, plan, tma=True, scale_a=None, scale_b=None, **exchange):
-    assert ring_gluon.supports(a, b, out, plan, tma), plan
-    ring_gluon.scatter_matmul(a, b, out, plan=plan, scales=gemm.check_scales(a, scale_a, scale_b), **exchange)
-
-# what the shared helpers take for `ring_gemm`: its plan and its call, run by the Gluon kernel
-gluon = types.SimpleNamespace(scatter_plan=scatter_plan, scatter_matmul=scatter_matmul)
-"""
 _CUDA_CHECKS = """
-# (rows, n, k, gemm_sms, col_groups, group_m): h2048 s8192 proj_fprop's chunks; a few programs that each take
-# staged and own tiles; 2 row groups x 3 column groups; fewer tile rows than a row group; GROUP_M 4
-shapes = lambda chunks: [
-    (8192 // chunks, 2048, 1024, None, None, 8),
-    (256, 256, 128, 3, None, 8),
-    (2048, 768, 384, None, 3, 8),
-    (384, 512, 256, 7, 2, 8),
-    (1024, 512, 256, 5, 2, 4),
-]
-passed = 0
-for dtype in (torch.bfloat16, FP8):
-    for chunks in (2, 4):
-        for rows, n, k, gemm_sms, col_groups, group_m in shapes(chunks):
-            config = dataclasses.replace(gemm.for_dtype(gemm.MEDIUM, dtype), group_m=group_m)
-            for rank in range(chunks):
-                case = (str(dtype), chunks, rank, (rows, n, k), gemm_sms, col_groups, group_m)
-                out, ref = run_scatter(gluon, chunks, rank, (rows, n, k), dtype, tma=True, config=config,
-                                       gemm_sms=gemm_sms, device="cuda", col_groups=col_groups)
-                err = rel_err(out, ref)
-                assert out.dtype == torch.bfloat16 and err <= REL_TOL[dtype], (case, err)
-                passed += 1
-assert passed == 2 * 5 * (2 + 4), passed  # dtypes x shapes x every rank of 2 and of 4 chunks
-print(f"gluon scatter ok: {passed} cases")
+from bench.gluon_ring_check import checks
 
-torch.cuda.set_stream(torch.cuda.Stream())  # not the legacy default stream, which waits for every other one
-# partials and flags written by a second stream behind a 0.2 s sleep, segment by segment, while the kernel spins
-for chunks, rank in ((2, 0), (4, 1)):
-    out, want = scatter_late(gluon, StreamPeer(0.2), "cuda", chunks=chunks, rank=rank, shape=(256, 512, 256),
-                             config=None, gemm_sms=4, col_groups=2)
-    assert rel_err(out, want) <= 1e-2, ("late", chunks, rank)
-# one rank behind the others, the last call's partials and flags still there: waited for; one epoch short, the
-# kernel takes the late rank's last partial
-for short in (False, True):
-    err = rel_err(*scatter_one_late(gluon, StreamPeer(0.2), "cuda", chunks=4, rank=3, late=0, shape=(256, 512, 256),
-                                    gemm_sms=4, col_groups=2, short=short))
-    assert (err > 1e-2) if short else (err <= 1e-2), (short, err)
-print("gluon late flags ok")
+rows = checks()  # each case's errors, printed as it goes
+bad = [row for row in rows if not row["ok"]]
+assert not bad, bad
+# dtypes x shapes x every rank of 2 and of 4 chunks, then two late and two one-late calls
+assert len(rows) == 2 * 5 * (2 + 4) + 2 + 2, len(rows)
+print(f"gluon scatter ok: {len(rows)} cases")
 """
 
 
@@ -144,7 +95,7 @@ def _sm90() -> bool:
 
 @pytest.mark.skipif(not _sm90(), reason="needs a CUDA GPU of compute capability 9.0 (Hopper)")
 def test_compiled_gluon_scatter_matches_the_triton_kernels_checks() -> None:
-    """In a fresh process without TRITON_INTERPRET, BF16 and FP8, 2 and 4 chunks, every rank: out, the staged
-    partials and their counts as the Triton kernel's tests check them, then partials and flags that arrive after
-    the launch."""
-    run_compiled(_CUDA_SETUP + _CUDA_CHECKS)
+    """In a fresh process without TRITON_INTERPRET, `bench/gluon_ring_check.py`'s checks: BF16 and FP8, 2 and 4
+    chunks, every rank, out, the staged partials and their counts as the Triton kernel's tests check them, then
+    partials and flags that arrive after the launch."""
+    run_compiled(_CUDA_CHECKS)
