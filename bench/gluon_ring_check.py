@@ -1,12 +1,12 @@
 """GPU check of the Gluon scatter kernel (`overlap_runtime.ring_gluon`, issue 33): correctness, then its speed.
 
-    python bench/gluon_ring_check.py --out OUT.json [--repeats 50] [--skip-checks]
+    python bench/gluon_ring_check.py --out OUT.json [--shapes NAME,...] [--repeats 50] [--skip-checks]
 
 1. Correctness, the checks that tests/test_ring_gluon.py runs on a GPU (`ring_cases.run_scatter`: out, the
    staged partials and their counts; `late_flags`: partials and flags raised from a second stream after the
    launch), BF16 and FP8, 2 and 4 chunks, every rank: the relative and the largest absolute error per case.
 2. Speed at TP = 2, rank 0, flags preset as `bench/ring_bench.py` times the fused kernel (every peer's flag
-   already up, its partial zero): the library on the whole [2R, K] @ [K, N] (torch.mm; FP8 torch._scaled_mm),
+   already up, its partial zero), on every reduce-scatter slot of ``--shapes`` (`bench.shapes`): the library on the whole [2R, K] @ [K, N] (torch.mm; FP8 torch._scaled_mm),
    our Triton kernel on its default plan (``triton``) and on the 128x128 plan (``triton_128``), and the Gluon
    kernel on that plan (``gluon``); microseconds and the ratio to the library, interleaved (`bench.timing`).
 
@@ -37,23 +37,18 @@ from bench.environment import environment  # noqa: E402
 from bench.timing import (  # noqa: E402
     REL_ERR_LIMIT,
     Operands,
+    add_shapes_option,
     check,
     l2_bytes,
     library,
+    parse_shapes_option,
     time_interleaved,
     write_json,
 )
 from overlap_runtime import gemm, ring_gemm, ring_gluon  # noqa: E402
+from overlap_runtime.shape import Collective  # noqa: E402
 
 DTYPES = {torch.bfloat16: "bf16", FP8: "fp8"}
-
-TIMED = (
-    ("h2048_s8192", "proj_fprop"),  # 8192x2048x1024: the worst case, 1.25x (BF16) / 1.38x (FP8) of the library
-    ("h2560_s4096_f6912_b2", "proj_fprop"),
-    ("h5120_s2048", "proj_fprop"),
-    ("h4096_s4096", "proj_fprop"),
-    ("h2048_s8192", "fc2_fprop"),
-)
 
 
 def medium(dtype: torch.dtype) -> gemm.GemmTileConfig:
@@ -126,11 +121,9 @@ def checks() -> list[dict[str, Any]]:
     return rows
 
 
-def timings(*, warmup: int, repeats: int) -> list[dict[str, Any]]:
-    """Part 2: every `TIMED` case at BF16 and FP8 (printed as it goes)."""
-    wanted = {name for name, _ in TIMED}
-    cases = [c for c in ring_bench.ring_cases(shapes.parse_list(",".join(wanted), tp=ring_bench.TP))
-             if (c.shape, c.slot) in TIMED]  # fmt: skip
+def timings(bench_shapes: tuple[shapes.BenchShape, ...], *, warmup: int, repeats: int) -> list[dict[str, Any]]:
+    """Part 2: every reduce-scatter slot of ``bench_shapes`` at BF16 and FP8 (printed as it goes)."""
+    cases = [c for c in ring_bench.ring_cases(bench_shapes) if c.collective == Collective.REDUCE_SCATTER]
     l2 = l2_bytes()
     rows = []
     print(f"{'case':34} {'dtype':5} {'library us':>10} {'triton':>7} {'triton_128':>10} {'gluon':>7}  gluon plan")
@@ -174,7 +167,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--skip-checks", action="store_true", help="time only")
+    add_shapes_option(parser)
     args = parser.parse_args()
+    bench_shapes = parse_shapes_option(parser, args.shapes, tp=ring_bench.TP)
     if not torch.cuda.is_available() or not ring_gluon.runs_on(torch.device("cuda")):
         print(f"error: needs a Hopper GPU with Triton {ring_gluon.GLUON_TRITON}x Gluon ({ring_gluon.GLUON_ERROR})")
         return 2
@@ -182,7 +177,7 @@ def main() -> int:
     payload: dict[str, Any] = {"environment": environment()}
     payload["checks"] = [] if args.skip_checks else checks()
     payload["checks_s"] = time.perf_counter() - started
-    payload["timings"] = timings(warmup=args.warmup, repeats=args.repeats)
+    payload["timings"] = timings(bench_shapes, warmup=args.warmup, repeats=args.repeats)
     payload["wall_s"] = time.perf_counter() - started
     write_json(args.out, payload)
     bad = [c for c in payload["checks"] if not c["ok"]] + [t for t in payload["timings"] if not t["correct"]]
