@@ -4,11 +4,13 @@
 
 1. Correctness, the checks that tests/test_ring_gluon.py runs on a GPU (`ring_cases.run_scatter`: out, the
    staged partials and their counts; `late_flags`: partials and flags raised from a second stream after the
-   launch), BF16 and FP8, 2 and 4 chunks, every rank: the relative and the largest absolute error per case.
+   launch), BF16 and FP8, 2 and 4 chunks, every rank, and `ring_gemm.scatter_matmul` as dispatched on its own
+   plan (`DISPATCHED`): the relative and the largest absolute error per case.
 2. Speed at TP = 2, rank 0, flags preset as `bench/ring_bench.py` times the fused kernel (every peer's flag
-   already up, its partial zero), on every reduce-scatter slot of ``--shapes`` (`bench.shapes`): the library on the whole [2R, K] @ [K, N] (torch.mm; FP8 torch._scaled_mm),
-   our Triton kernel on its default plan (``triton``) and on the 128x128 plan (``triton_128``), and the Gluon
-   kernel on that plan (``gluon``); microseconds and the ratio to the library, interleaved (`bench.timing`).
+   already up, its partial zero), on every reduce-scatter slot of ``--shapes`` (`bench.shapes`): the library on
+   the whole [2R, K] @ [K, N] (torch.mm; FP8 torch._scaled_mm), our Triton kernel on its own default plan
+   (``triton``: `ring_gemm.ring_config`'s tiles) and on the 128x128 plan (``triton_128``), and the Gluon kernel
+   on that plan (``gluon``); microseconds and the ratio to the library, interleaved (`bench.timing`).
 
 Exit status 0 when every check passed and every timed variant computed right, else 1.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 import time
 import types
@@ -77,6 +80,10 @@ def _scatter(
 
 GLUON = types.SimpleNamespace(scatter_plan=_plan, scatter_matmul=_scatter)
 """What `ring_cases` and `late_flags` take for `ring_gemm`, run by the Gluon kernel on 128x128 plans."""
+DISPATCHED = (4096, 2048, 1024)
+"""(rows, n, k) of the checks of `ring_gemm.scatter_matmul` as dispatched: h2048 s8192 proj_fprop at TP = 2."""
+TRITON = functools.partial(ring_gemm.scatter_matmul, gluon=False)
+"""`ring_gemm.scatter_matmul` on the Triton kernel, where it would run the Gluon one."""
 
 
 def checks() -> list[dict[str, Any]]:
@@ -105,6 +112,15 @@ def checks() -> list[dict[str, Any]]:
                         case |= {"ok": False, "failed": repr(e)[:300]}
                     print("check", case, flush=True)
                     rows.append(case)
+    for dtype in (torch.bfloat16, FP8):  # as dispatched: ring_gemm's own plan and call take the Gluon kernel
+        plan = ring_gemm.scatter_plan(*DISPATCHED, chunks=2, dtype=dtype, device=torch.device("cuda"), gemm_sms=None)
+        for rank in range(2):
+            out, ref = run_scatter(ring_gemm, 2, rank, DISPATCHED, dtype, tma=True, config=None, gemm_sms=None,
+                                   device="cuda")  # fmt: skip
+            err = rel_err(out, ref)
+            rows.append({"dispatched": True, "dtype": DTYPES[dtype], "rank": rank, "plan": plan.config.label(),
+                         "rel_err": err, "ok": ring_gluon.takes_plan(plan) and err <= REL_TOL[dtype]})  # fmt: skip
+            print("check", rows[-1], flush=True)
     torch.cuda.set_stream(torch.cuda.Stream())  # not the legacy default stream, which waits for every other one
     for chunks, rank in ((2, 0), (4, 1)):
         out, want = scatter_late(GLUON, StreamPeer(0.2), "cuda", chunks=chunks, rank=rank, shape=(256, 512, 256),
@@ -129,16 +145,16 @@ def timings(bench_shapes: tuple[shapes.BenchShape, ...], *, warmup: int, repeats
     print(f"{'case':34} {'dtype':5} {'library us':>10} {'triton':>7} {'triton_128':>10} {'gluon':>7}  gluon plan")
     for dtype in (torch.bfloat16, FP8):
         for case in cases:
-            r = case.m // ring_bench.TP
-            default = ring_gemm.scatter_plan(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype,
-                                             device=torch.device("cuda"), gemm_sms=None)  # fmt: skip
-            tiles = _plan(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype, device=torch.device("cuda"),
-                          gemm_sms=None)  # fmt: skip
+            r, cuda = case.m // ring_bench.TP, torch.device("cuda")
+            sms = gemm.device_sm_count(cuda)
+            config = ring_gemm.ring_config(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype, gemm_sms=sms)
+            default = ring_gemm.scatter_plan(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype, device=cuda,
+                                             gemm_sms=None, config=config)  # fmt: skip
+            tiles = _plan(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype, device=cuda, gemm_sms=None)
             ops = Operands(case.m, case.n, case.k, l2, seed=0, dtype=dtype)
             a, b, out = ops.sets[0]
-            cuda = torch.device("cuda")
-            fns = {"library": library, "triton": ring_bench.scatter_variant(case, cuda, dtype, default),
-                   "triton_128": ring_bench.scatter_variant(case, cuda, dtype, tiles)}  # fmt: skip
+            fns = {"library": library, "triton": ring_bench.scatter_variant(case, cuda, dtype, default, TRITON),
+                   "triton_128": ring_bench.scatter_variant(case, cuda, dtype, tiles, TRITON)}  # fmt: skip
             if ring_gluon.supports(a, b, out[:r], tiles, True):
                 fns["gluon"] = ring_bench.scatter_variant(case, cuda, dtype, tiles, _scatter)
             errors = {name: check(ops, fn) for name, fn in fns.items()}

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from overlap_runtime import gemm
+from overlap_runtime import gemm, ring_gluon
 from overlap_runtime.errors import InputError
 from overlap_runtime.flag_kernels import wait_at_least
 
@@ -511,12 +511,58 @@ def scatter_plan(
     config: gemm.GemmTileConfig | None = None,
     col_groups: int | None = None,
 ) -> ScatterPlan:
-    """The tile config (``config``, else `gemm.choose_config`'s) and segments of `scatter_matmul` for chunks
-    of ``rows`` x ``n`` (depth ``k``, ``dtype`` operands, partials in its `gemm.out_dtype`): each row group of the tile order (``group_m`` tile rows) is cut into
-    ``col_groups`` column groups (None: segments of about `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and at
-    least `PUSH_FLOPS` of the launch's work each)."""
+    """The tile config and segments of `scatter_matmul` for chunks of ``rows`` x ``n`` (depth ``k``, ``dtype``
+    operands, partials in its `gemm.out_dtype`): each row group of the tile order (``group_m`` tile rows) is
+    cut into ``col_groups`` column groups (None: segments of about `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and
+    at least `PUSH_FLOPS` of the launch's work each).
+
+    The config is ``config`` when given.  Else, where `ring_gluon` runs on ``device`` and takes this problem on
+    128x128 tiles (`gluon_plan`), that plan: the Gluon kernel reads the received partials under the MMAs.
+    Else `ring_config`'s pick for the Triton kernel."""
     gemm_sms = gemm.resolve_gemm_sms(device, gemm_sms)
-    cfg = config or ring_config(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms)
+    if config is None:
+        plan = gluon_plan(rows, n, k, chunks=chunks, dtype=dtype, device=device, gemm_sms=gemm_sms,
+                          col_groups=col_groups)  # fmt: skip
+        if plan is not None:
+            return plan
+        config = ring_config(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms)
+    return _cut(rows, n, k, chunks=chunks, dtype=dtype, cfg=config, gemm_sms=gemm_sms, col_groups=col_groups)
+
+
+def gluon_plan(
+    rows: int,
+    n: int,
+    k: int,
+    *,
+    chunks: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    gemm_sms: int,
+    col_groups: int | None = None,
+) -> ScatterPlan | None:
+    """The plan on `ring_gluon`'s 128x128 tiles when that kernel runs on ``device`` and takes the problem
+    (`ring_gluon.takes`: dtype, whole tiles, segments of one shape), else None."""
+    if not ring_gluon.runs_on(device):
+        return None
+    cfg = gemm.for_dtype(gemm.MEDIUM, dtype)
+    if not ring_gluon.takes_problem(rows, n, k, chunks=chunks, dtype=dtype):
+        return None
+    plan = _cut(rows, n, k, chunks=chunks, dtype=dtype, cfg=cfg, gemm_sms=gemm_sms, col_groups=col_groups)
+    return plan if ring_gluon.takes_plan(plan) else None
+
+
+def _cut(
+    rows: int,
+    n: int,
+    k: int,
+    *,
+    chunks: int,
+    dtype: torch.dtype,
+    cfg: gemm.GemmTileConfig,
+    gemm_sms: int,
+    col_groups: int | None,
+) -> ScatterPlan:
+    """`scatter_plan` on the tile config ``cfg``."""
     tiles_n = triton.cdiv(n, cfg.block_n)
     span = cfg.block_m * cfg.group_m
     row_groups = triton.cdiv(rows, span)
@@ -554,9 +600,12 @@ def scatter_matmul(
     tma: bool = True,
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
+    gluon: bool = True,
 ) -> None:
     """``out = reduce_scatter(a @ b)[rank]`` in one launch (see the module docstring; ``tma`` and FP8
-    operands with ``scale_a`` and ``scale_b`` as in `gemm.matmul`).
+    operands with ``scale_a`` and ``scale_b`` as in `gemm.matmul`).  `ring_gluon`'s kernel runs the call where
+    it takes it (`ring_gluon.supports`: a Hopper GPU, ``plan`` from `gluon_plan`, ...), unless ``gluon`` is
+    False (the benchmarks compare the two); else the Triton kernel.
 
     The partials are in out's dtype (bf16 for FP8 operands, already scaled).  ``parts`` [P-1, R, N]: our partials for the other owners, in step order (owner rank+1+s), each laid out
     segment by segment (`Segment.offset`); each stored tile bumps ``counts[s * S + j]`` of its segment j
@@ -575,6 +624,10 @@ def scatter_matmul(
     _expect_flags("counts", counts, (chunks - 1) * segments)
     if ready.dtype != torch.int32 or not ready.is_contiguous() or ready.numel() < chunks * segments:
         raise InputError("ready", f"must hold at least {chunks * segments} contiguous int32 flags", tuple(ready.shape))
+    if gluon and ring_gluon.supports(a, b, out, plan, tma):
+        ring_gluon.scatter_matmul(a, b, out, parts=parts, counts=counts, recv=recv, ready=ready, epoch=epoch,
+                                  rank=rank, plan=plan, scales=scales)  # fmt: skip
+        return
     recv_tiles = _segment_tiles(recv, plan) if tma else recv
     _launch(
         _scatter_matmul_kernel,

@@ -613,20 +613,31 @@ def supports(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, plan: ScatterP
 
 
 def handles(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, plan: ScatterPlan) -> bool:
-    """Whether the kernel takes these operands (dtypes, layouts, whole tiles) and ``plan`` (128x128 tiles, no
-    split tail, segments of one shape), wherever they are."""
-    cfg = plan.config
-    if (cfg.block_m, cfg.block_n) != (BLOCK_M, BLOCK_N) or cfg.split_tail or segment_shape(plan) is None:
-        return False
-    if a.dtype not in (torch.bfloat16, gemm.FP8) or out.dtype != torch.bfloat16:
-        return False
+    """Whether the kernel takes these operands (dtypes, layouts, whole tiles) and ``plan`` (`takes_plan`),
+    wherever they are."""
     (rows, n), k = out.shape, a.shape[1]
-    if rows % BLOCK_M or n % BLOCK_N or k % block_k(a.dtype):
+    if out.dtype != torch.bfloat16 or b.dtype != a.dtype or a.shape[0] % rows:
         return False
-    if a.shape[0] * n > gemm.MAX_INT32_OFFSET:  # the staged tiles' offsets in the partials are int32
+    if not takes_problem(rows, n, k, chunks=a.shape[0] // rows, dtype=a.dtype) or not takes_plan(plan):
         return False
     b_tiles = b.t() if a.dtype == gemm.FP8 else b
     return all(gemm.tma_layout(t) for t in (a, b_tiles, out))
+
+
+def takes_problem(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel takes ``chunks`` chunks of ``rows`` x ``n`` (depth ``k``) of ``dtype`` operands: BF16 or
+    FP8, whole 128x128 tiles and whole K steps (`block_k`)."""
+    if dtype not in (torch.bfloat16, gemm.FP8):
+        return False
+    if rows % BLOCK_M or n % BLOCK_N or k % block_k(dtype):
+        return False
+    return chunks * rows * n <= gemm.MAX_INT32_OFFSET  # the staged tiles' offsets in the partials are int32
+
+
+def takes_plan(plan: ScatterPlan) -> bool:
+    """Whether ``plan`` is cut as the kernel needs: 128x128 tiles, no split tail, segments of one shape."""
+    cfg = plan.config
+    return (cfg.block_m, cfg.block_n) == (BLOCK_M, BLOCK_N) and not cfg.split_tail and segment_shape(plan) is not None
 
 
 def runs_on(device: torch.device) -> bool:

@@ -110,10 +110,11 @@ def run_scatter(
     gemm_sms: int | None,
     device: str = "cpu",
     col_groups: int | None = None,
+    gluon: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`scatter_matmul` of chunks of ``shape`` = (rows, n, k) with every peer's partial received: (out,
-    reference); ``col_groups`` as in `scatter_plan`.  Asserts what it staged and counted for the other owners
-    on the way."""
+    reference); ``col_groups`` as in `scatter_plan`, ``gluon`` as in `ring_gemm.scatter_matmul` (None: not
+    passed).  Asserts what it staged and counted for the other owners on the way."""
     rows, n, k = shape
     a = _rand(chunks * rows, k, dtype=dtype, seed=10 + rank, device=device)
     b = weight(k, n, dtype=dtype, seed=9, device=device)  # below a's seeds (see run_gather)
@@ -144,6 +145,7 @@ def run_scatter(
         plan=plan,
         tma=tma,
         **scales(dtype, device),
+        **({} if gluon is None else {"gluon": gluon}),
     )
     partial = product(a, b).view(chunks, rows, n)
     for step in range(chunks - 1):

@@ -83,8 +83,8 @@ from bench.gluon_ring_check import checks
 rows = checks()  # each case's errors, printed as it goes
 bad = [row for row in rows if not row["ok"]]
 assert not bad, bad
-# dtypes x shapes x every rank of 2 and of 4 chunks, then two late and two one-late calls
-assert len(rows) == 2 * 5 * (2 + 4) + 2 + 2, len(rows)
+# dtypes x shapes x every rank of 2 and of 4 chunks, dtypes x ranks as dispatched, two late and two one-late calls
+assert len(rows) == 2 * 5 * (2 + 4) + 2 * 2 + 2 + 2, len(rows)
 print(f"gluon scatter ok: {len(rows)} cases")
 """
 
