@@ -14,4 +14,4 @@ timeout "${GEMM_S:-200}" python3 bench/gemm_bench.py --dtype fp8 --out "$out/gem
 timeout "${RING_S:-120}" python3 bench/ring_bench.py --out "$out/ring_h200.json" > "$out/ring_h200.txt" 2>&1
 tail -3 "$out/ring_h200.txt"
 timeout "${TESTS_S:-420}" python3 -m pytest -q -p no:cacheprovider -n 4 -rA \
-    tests/test_gemm.py tests/test_ring_gemm.py tests/test_flag_kernels.py -k "compiled or cuda" 2>&1 | tail -15 | tee "$out/compiled_tests.txt"
+    tests/test_gemm.py tests/test_ring_gemm.py tests/test_ring_gluon.py tests/test_flag_kernels.py -k "compiled or cuda" 2>&1 | tail -15 | tee "$out/compiled_tests.txt"

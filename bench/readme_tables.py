@@ -34,7 +34,12 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 RESULTS = "bench/results"
 RUNTIME = ("overlap_runtime/",)
-KERNELS = ("overlap_runtime/gemm.py", "overlap_runtime/ring_gemm.py", "overlap_runtime/flag_kernels.py")
+KERNELS = (
+    "overlap_runtime/gemm.py",
+    "overlap_runtime/ring_gemm.py",
+    "overlap_runtime/ring_gluon.py",
+    "overlap_runtime/flag_kernels.py",
+)
 """What the GEMM and ring benchmarks time: the rest of the runtime (process groups, methods) never runs in them."""
 TUNER = ("overlap_runtime/", "search_spaces/", "autotune/")
 SEARCH = ("autotune/", "search_spaces/", "bench/search_efficiency.py", "bench/cost_model.py", "bench/landscapes/")
