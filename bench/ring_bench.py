@@ -56,7 +56,7 @@ from bench.timing import (  # noqa: E402
     time_interleaved,
     write_json,
 )
-from overlap_runtime import flag_kernels, gemm, ring_gemm  # noqa: E402
+from overlap_runtime import flag_kernels, gemm, ring_gemm, ring_gluon  # noqa: E402
 from overlap_runtime.shape import Collective, Slot, slot_gemm  # noqa: E402
 
 DEFAULT_OUT = {
@@ -94,7 +94,7 @@ def ring_cases(shapes: tuple[BenchShape, ...]) -> list[RingCase]:
 
 def fused_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> tuple[Variant, dict[str, Any]]:
     """Rank 0's fused launch over ``dtype`` operands a [m, k] @ b [k, n] with every flag preset, and what it
-    was planned with.
+    was planned with (a reduce-scatter's ``kernel``: "gluon" where `ring_gemm.scatter_matmul` runs `ring_gluon`).
 
     All-gather: the local shard is a's first chunk and the ring buffer is a itself (chunk 0 is never read
     from it).  Reduce-scatter: out's first chunk gets our partial plus the peer's, which is zero here.
@@ -112,7 +112,9 @@ def fused_variant(case: RingCase, device: torch.device, dtype: torch.dtype) -> t
 
         return gather, {"config": config.label()}
     plan = ring_gemm.scatter_plan(rows, case.n, case.k, chunks=TP, dtype=dtype, device=device, gemm_sms=None)
-    return scatter_variant(case, device, dtype, plan), {"config": plan.config.label(), "segments": len(plan.segments)}
+    gluon = ring_gluon.runs_on(device) and ring_gluon.takes_plan(plan)  # `ring_gemm.gluon_plan`'s plans
+    planned = {"config": plan.config.label(), "segments": len(plan.segments), "kernel": "gluon" if gluon else "triton"}
+    return scatter_variant(case, device, dtype, plan), planned
 
 
 def scatter_variant(
@@ -223,7 +225,7 @@ def run(cases: list[RingCase], *, dtype: torch.dtype, warmup: int, repeats: int)
         print(
             f"{case.shape:20} {case.slot:11} {ms['cublas']:7.4f} {ms['matmul']:7.4f} {ms['kernel']:7.4f} "
             f"{ms['plain']:7.4f} {row['kernel_vs_matmul']:6.3f} {row['kernel_vs_cublas']:8.3f} "
-            f"{row['plain_vs_cublas']:8.3f} {row['dispatched']:>6}  {row['config']}"
+            f"{row['plain_vs_cublas']:8.3f} {row['dispatched']:>6}  {row['config']} {row.get('kernel', '')}"
             + ("" if row["correct"] else f"  WRONG {row['rel_err']}"),
             flush=True,
         )

@@ -19,6 +19,9 @@ persistent launch over every chunk's tiles has a single tail, and the chunk orde
   owner's memory from the epilogue was tried first: the NVLink stores and the release fence behind them
   held each program up, 0.161 ms against 0.131 ms for cuBLAS chunks at h4096 proj_fprop on 2 x H200.)
 
+On Hopper, `scatter_matmul` runs the Gluon port of its kernel (`ring_gluon`) where `gluon_plan` says it wins: it
+reads the received partials under the MMAs, where the Triton kernel's epilogue waits for them.
+
 Both kernels split their part-empty last round along K like `gemm.matmul` (`gemm.split_tail`) when the
 tile config asks for it: those tiles are the last chunk's, the one that arrives (gather) or that we keep
 (scatter) last, so the split shortens the part of the launch that no communication hides.
@@ -529,6 +532,18 @@ def scatter_plan(
     return _cut(rows, n, k, chunks=chunks, dtype=dtype, cfg=config, gemm_sms=gemm_sms, col_groups=col_groups)
 
 
+GLUON_MAX_K_STEPS = {torch.bfloat16: 48, gemm.FP8: 64}
+"""K steps of `ring_gluon` (``ring_gluon.block_k``) up to which `gluon_plan` takes its kernel over the Triton
+kernel on 128x256 tiles.  The Gluon kernel reads the received partial under the tile's MMAs, where the Triton
+kernel's read follows the K loop, exposed: a cost per tile that short K loops cannot amortize.  Its 128x128
+ping-pong main loop, though, runs slower than Triton's 128x256 tiles at long K.  On one H100, flags preset, every
+reduce-scatter slot of the eight default shapes (`bench/gluon_ring_check.py`, bench/results/gluon_ring_h100.json):
+BF16 Gluon won at 16-40 steps (h2048 s8192 proj_fprop 1.173x the library's time against 1.260x) and lost at
+54 and more (h2560 fc2_fprop, 54 steps: 1.109x against 1.067x; h8192 s8192 proj_fprop, 64: 1.121x against
+1.041x); FP8 won up to 56 steps (h4096 fc2_fprop 1.054x against 1.067x) and lost at 112 (1.093x-1.134x
+against 1.018x-1.037x), with one near tie at 32 (h2048 s8192 fc2_fprop, 1.130x against 1.122x)."""
+
+
 def gluon_plan(
     rows: int,
     n: int,
@@ -540,15 +555,37 @@ def gluon_plan(
     gemm_sms: int,
     col_groups: int | None = None,
 ) -> ScatterPlan | None:
-    """The plan on `ring_gluon`'s 128x128 tiles when that kernel runs on ``device`` and takes the problem
-    (`ring_gluon.takes`: dtype, whole tiles, segments of one shape), else None."""
-    if not ring_gluon.runs_on(device):
+    """The plan on `ring_gluon`'s 128x128 tiles where that kernel runs on ``device``, takes the problem
+    (`ring_gluon.takes_problem`) and beats the Triton kernel, else None.
+
+    It beats it where its K loop is short (`GLUON_MAX_K_STEPS`), or where `ring_config`'s own pick is not
+    128x256 tiles in whole rounds (128x128 tiles, or a split tail: h5120 s2048 proj_fprop and fc2_fprop, 1.06x-1.12x
+    the library's time against 1.13x-1.42x at either dtype on one H100).  The segments are ``col_groups``
+    column groups per row group, else as many as `scatter_plan` would cut down to a divisor of the tile columns:
+    the kernel needs segments of one shape."""
+    if not ring_gluon.runs_on(device) or not ring_gluon.takes_problem(rows, n, k, chunks=chunks, dtype=dtype):
+        return None
+    triton_pick = ring_config(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms)
+    whole_large = triton_pick.block_n == gemm.LARGE.block_n and not triton_pick.split_tail
+    if whole_large and triton.cdiv(k, ring_gluon.block_k(dtype)) > GLUON_MAX_K_STEPS[dtype]:
         return None
     cfg = gemm.for_dtype(gemm.MEDIUM, dtype)
-    if not ring_gluon.takes_problem(rows, n, k, chunks=chunks, dtype=dtype):
-        return None
+    if col_groups is None:
+        tiles_n = triton.cdiv(n, cfg.block_n)
+        most = _col_groups(rows, n, k, chunks=chunks, dtype=dtype, cfg=cfg)
+        col_groups = max(g for g in range(1, most + 1) if tiles_n % g == 0)
     plan = _cut(rows, n, k, chunks=chunks, dtype=dtype, cfg=cfg, gemm_sms=gemm_sms, col_groups=col_groups)
     return plan if ring_gluon.takes_plan(plan) else None
+
+
+def _col_groups(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, cfg: gemm.GemmTileConfig) -> int:
+    """`scatter_plan`'s default column groups per row group on ``cfg``'s tiles: segments of about
+    `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and at least `PUSH_FLOPS` of the launch's work each."""
+    tiles_n = triton.cdiv(n, cfg.block_n)
+    row_groups = triton.cdiv(rows, cfg.block_m * cfg.group_m)
+    by_bytes = rows * n * gemm.out_dtype(dtype).itemsize // row_groups // SEGMENT_BYTES
+    by_work = int(2 * chunks * rows * n * k / PUSH_FLOPS) // row_groups
+    return max(1, min(tiles_n, by_bytes, by_work, MAX_SEGMENTS // row_groups))
 
 
 def _cut(
@@ -565,11 +602,8 @@ def _cut(
     """`scatter_plan` on the tile config ``cfg``."""
     tiles_n = triton.cdiv(n, cfg.block_n)
     span = cfg.block_m * cfg.group_m
-    row_groups = triton.cdiv(rows, span)
     if col_groups is None:
-        by_bytes = rows * n * gemm.out_dtype(dtype).itemsize // row_groups // SEGMENT_BYTES
-        by_work = int(2 * chunks * rows * n * k / PUSH_FLOPS) // row_groups
-        col_groups = max(1, min(tiles_n, by_bytes, by_work, MAX_SEGMENTS // row_groups))
+        col_groups = _col_groups(rows, n, k, chunks=chunks, dtype=dtype, cfg=cfg)
     elif not (isinstance(col_groups, int) and 1 <= col_groups <= tiles_n):
         raise InputError("col_groups", f"must be between 1 and the {tiles_n} tile columns", col_groups)
     col_tiles = triton.cdiv(tiles_n, col_groups)

@@ -6,11 +6,11 @@ ping-pong kernel that added a partial to half the tiles (`bench/gluon_probe.py`'
 the epilogue of the reduce-scatter at tp = 2) took 1.169x (BF16) and 1.053x (FP8) of cuBLAS's time at
 h2048 s8192 proj_fprop on an H100, where our Triton kernel took 1.278x and 1.413x (bench/results/README.md).
 
-Not dispatched yet.  On one H100 (bench/results/gluon_ring_h100.json) it computed every staged partial, count
-and output of tests/test_ring_gluon.py's 60 cases right and ran faster than the Triton kernel on 9 of 10
-cases (h2048 s8192 proj_fprop: 1.171x cuBLAS's time against 1.263x at BF16, 1.074x against 1.394x at FP8), but
-those runs had every flag raised before the launch: the waits for partials that arrive late have not run on a
-GPU.  `ring_gemm` runs the Triton kernel until they have (tests/test_ring_gluon.py's late-flag checks).
+`ring_gemm.scatter_matmul` runs it where `supports` holds, on the plans `ring_gemm.gluon_plan` cuts where it
+beats the Triton kernel (short K loops, and where the Triton kernel's own tiles leave a part-empty last round).
+On one H100 (bench/results/gluon_ring_h100.json) it computed every staged partial, count and output of
+tests/test_ring_gluon.py's checks right, partials and flags that arrive after the launch included, and took
+1.06x-1.17x of the library's time on the reduce-scatters with short K where the Triton kernel took 1.15x-1.42x.
 
 `scatter_matmul` runs the same call as `ring_gemm.scatter_matmul`, on the inputs it validated, with the same
 result: the same tile order (all chunks' tiles in ring order, program pid taking tiles pid, pid + programs,
