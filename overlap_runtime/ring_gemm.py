@@ -519,15 +519,15 @@ def scatter_plan(
     cut into ``col_groups`` column groups (None: segments of about `SEGMENT_BYTES`, at most `MAX_SEGMENTS`, and
     at least `PUSH_FLOPS` of the launch's work each).
 
-    The config is ``config`` when given.  Else, where `ring_gluon` runs on ``device`` and takes this problem on
-    128x128 tiles (`gluon_plan`), that plan: the Gluon kernel reads the received partials under the MMAs.
-    Else `ring_config`'s pick for the Triton kernel."""
+    The config is ``config`` when given.  Else, where `ring_gluon` runs on ``device``, takes this problem and
+    beats the Triton kernel on it (`gluon_plan`), its 128x128 plan.  Else `ring_config`'s pick for the Triton
+    kernel."""
     gemm_sms = gemm.resolve_gemm_sms(device, gemm_sms)
     if config is None:
-        plan = gluon_plan(rows, n, k, chunks=chunks, dtype=dtype, device=device, gemm_sms=gemm_sms,
-                          col_groups=col_groups)  # fmt: skip
-        if plan is not None:
-            return plan
+        if ring_gluon.runs_on(device):
+            plan = gluon_plan(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms, col_groups=col_groups)
+            if plan is not None:
+                return plan
         config = ring_config(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms)
     return _cut(rows, n, k, chunks=chunks, dtype=dtype, cfg=config, gemm_sms=gemm_sms, col_groups=col_groups)
 
@@ -551,19 +551,19 @@ def gluon_plan(
     *,
     chunks: int,
     dtype: torch.dtype,
-    device: torch.device,
     gemm_sms: int,
     col_groups: int | None = None,
 ) -> ScatterPlan | None:
-    """The plan on `ring_gluon`'s 128x128 tiles where that kernel runs on ``device``, takes the problem
-    (`ring_gluon.takes_problem`) and beats the Triton kernel, else None.
+    """The plan on `ring_gluon`'s 128x128 tiles where that kernel takes the problem (`ring_gluon.takes_problem`)
+    and beats the Triton kernel, else None; `scatter_plan` asks only on a device it runs on
+    (`ring_gluon.runs_on`).
 
     It beats it where its K loop is short (`GLUON_MAX_K_STEPS`), or where `ring_config`'s own pick is not
     128x256 tiles in whole rounds (128x128 tiles, or a split tail: h5120 s2048 proj_fprop and fc2_fprop, 1.06x-1.12x
     the library's time against 1.13x-1.42x at either dtype on one H100).  The segments are ``col_groups``
     column groups per row group, else as many as `scatter_plan` would cut down to a divisor of the tile columns:
     the kernel needs segments of one shape."""
-    if not ring_gluon.runs_on(device) or not ring_gluon.takes_problem(rows, n, k, chunks=chunks, dtype=dtype):
+    if not ring_gluon.takes_problem(rows, n, k, chunks=chunks, dtype=dtype):
         return None
     triton_pick = ring_config(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms)
     whole_large = triton_pick.block_n == gemm.LARGE.block_n and not triton_pick.split_tail

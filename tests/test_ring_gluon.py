@@ -5,6 +5,8 @@ staged partials and their counts; `late_flags`: partials and flags that arrive a
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from overlap_runtime import ring_gluon
 ring_gemm = interpreted("overlap_runtime.ring_gemm")
 gemm = ring_gemm.gemm
 CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _call(
@@ -75,6 +78,29 @@ def test_operands_must_be_whole_tiles_of_bf16_or_k_major_fp8_with_tma_layouts() 
     for name, (a_, b_, out_, plan_) in cases.items():
         assert not ring_gluon.handles(a_, b_, out_, plan_), name
     assert not ring_gluon.supports(a, b, out, plan, False)  # pointer loads asked for: the Triton kernel
+
+
+def test_the_dispatcher_takes_the_faster_kernel_on_every_case_timed_on_an_h100() -> None:
+    """`ring_gemm.gluon_plan` against bench/results/gluon_ring_h100.json: every default reduce-scatter slot at BF16
+    and FP8, both kernels timed beside the library.  Where the two are within `TIE` of each other either pick
+    is right; a case without a Gluon time (its default segments were of unequal width) must now be cut evenly."""
+    results = json.loads((REPO / "bench" / "results" / "gluon_ring_h100.json").read_text())
+    sms, picks = results["environment"]["sm_count"], {}
+    for row in results["timings"]:
+        dtype = {"bf16": torch.bfloat16, "fp8": FP8}[row["dtype"]]
+        plan = ring_gemm.gluon_plan(row["m"] // 2, row["n"], row["k"], chunks=2, dtype=dtype, gemm_sms=sms)
+        case, vs = (row["shape"], row["slot"], row["dtype"]), row["vs_library"]
+        picks[case] = "gluon" if plan is not None else "triton"
+        if "gluon" not in vs:  # h8192 s4096 proj_fprop: Triton at BF16 (64 K steps), Gluon at FP8
+            assert plan is None or ring_gluon.takes_plan(plan), case
+        elif abs(vs["gluon"] / vs["triton"] - 1) > TIE:
+            assert picks[case] == min(("gluon", "triton"), key=vs.__getitem__), (case, vs)
+    assert len(picks) == 2 * 8 * 2  # dtypes x default shapes x (proj_fprop, fc2_fprop)
+    assert sum(pick == "gluon" for pick in picks.values()) == 6 + 13, picks
+
+
+TIE = 0.01
+"""Two kernels' times within 1% of each other: the spread of one timed run, where either pick is right."""
 
 
 _CUDA_CHECKS = """
