@@ -190,6 +190,7 @@ OVERLAP = f"{RESULTS}/overlap_h200_tp2.json"
 GEMM = f"{RESULTS}/gemm_h200.json"
 GEMM_FP8 = f"{RESULTS}/gemm_fp8_h200.json"
 RING = f"{RESULTS}/ring_h200.json"
+GLUON = f"{RESULTS}/gluon_ring_h100.json"
 TUNE = f"{RESULTS}/tune_h200_h8192_s8192_tp2.txt"
 PRESET = f"{RESULTS}/presets/ub_cfg_h200_bf16_h8192_tp2_mbs1_seqlen8192.yaml"
 SEARCH_RESULT = f"{RESULTS}/search_efficiency.json"
@@ -317,6 +318,26 @@ def _kernels(w: Writer) -> None:
         f"and {w.value(RING, f'/rows/{rs[0]}/kernel_vs_matmul', '2x')}-",
         f"{w.value(RING, f'/rows/{rs[-1]}/kernel_vs_matmul', '2x')} on proj_fprop at BF16 ",
         f"(`python bench/ring_bench.py`, `{RING}`). {age(RING, KERNELS)}",
+    )
+    _gluon(w)
+
+
+def _gluon(w: Writer) -> None:
+    """The Gluon scatter kernel beside the Triton one on the fused ring's worst case (`GLUON`)."""
+    rows = load(GLUON)["timings"]
+    at = {r["dtype"]: i for i, r in enumerate(rows) if (r["shape"], r["slot"]) == ("h2048_s8192", "proj_fprop")}
+    cells = {
+        dtype: (w.value(GLUON, f"/timings/{i}/vs_library/gluon", "3x"), w.value(GLUON, f"/timings/{i}/vs_library/triton", "3x"))
+        for dtype, i in at.items()
+    }  # fmt: skip
+    w.text("\n").para(
+        "On Hopper, the reduce-scatters with a short K loop now run a Gluon port of the scatter kernel ",
+        "(`overlap_runtime/ring_gluon.py`, dispatched by `ring_gemm.gluon_plan`), which reads the received partials ",
+        "under the MMAs; the H200 figures above predate it. On one H100 with every flag set (`python ",
+        f"bench/gluon_ring_check.py`, `{GLUON}`), it took `h2048_s8192 proj_fprop` to {cells['bf16'][0]} the ",
+        f"library's time where the Triton kernel took {cells['bf16'][1]} at BF16, and to {cells['fp8'][0]} where it ",
+        f"took {cells['fp8'][1]} at FP8; all {w.value(GLUON, '/checks', kind='count')} of its GPU checks passed, ",
+        f"late flags included. {age(GLUON, KERNELS)}",
     )
 
 
