@@ -540,8 +540,9 @@ ping-pong main loop, though, runs slower than Triton's 128x256 tiles at long K. 
 reduce-scatter slot of the eight default shapes (`bench/gluon_ring_check.py`, bench/results/gluon_ring_h100.json):
 BF16 Gluon won at 16-40 steps (h2048 s8192 proj_fprop 1.173x the library's time against 1.260x) and lost at
 54 and more (h2560 fc2_fprop, 54 steps: 1.109x against 1.067x; h8192 s8192 proj_fprop, 64: 1.121x against
-1.041x); FP8 won up to 56 steps (h4096 fc2_fprop 1.054x against 1.067x) and lost at 112 (1.093x-1.134x
-against 1.018x-1.037x), with one near tie at 32 (h2048 s8192 fc2_fprop, 1.130x against 1.122x)."""
+1.041x); FP8 won up to 56 steps (h4096 fc2_fprop 1.054x against 1.067x) and lost at 112 and more (1.093x-1.134x
+against 1.018x-1.037x), with one near tie at 32 (h2048 s8192 fc2_fprop, 1.130x against 1.122x).  Measured on an
+H100, not an H200: the same SMs, with less memory bandwidth for the partials."""
 
 
 def gluon_plan(
