@@ -9,8 +9,9 @@
 2. Speed at TP = 2, rank 0, flags preset as `bench/ring_bench.py` times the fused kernel (every peer's flag
    already up, its partial zero), on every reduce-scatter slot of ``--shapes`` (`bench.shapes`): the library on
    the whole [2R, K] @ [K, N] (torch.mm; FP8 torch._scaled_mm), our Triton kernel on its own default plan
-   (``triton``: `ring_gemm.ring_config`'s tiles) and on the 128x128 plan (``triton_128``), and the Gluon kernel
-   on that plan (``gluon``); microseconds and the ratio to the library, interleaved (`bench.timing`).
+   (``triton``: `ring_gemm.ring_config`'s tiles) and on the Gluon kernel's plan (``triton_128``:
+   `ring_gemm.gluon_tiling`), and the Gluon kernel on that plan (``gluon``); microseconds and the ratio to the
+   library, interleaved (`bench.timing`).
 
 Exit status 0 when every check passed and every timed variant computed right, else 1.
 """
@@ -150,7 +151,7 @@ def timings(bench_shapes: tuple[shapes.BenchShape, ...], *, warmup: int, repeats
             config = ring_gemm.ring_config(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype, gemm_sms=sms)
             default = ring_gemm.scatter_plan(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype, device=cuda,
                                              gemm_sms=None, config=config)  # fmt: skip
-            tiles = _plan(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype, device=cuda, gemm_sms=None)
+            tiles = ring_gemm.gluon_tiling(r, case.n, case.k, chunks=ring_bench.TP, dtype=dtype, gemm_sms=sms)
             ops = Operands(case.m, case.n, case.k, l2, seed=0, dtype=dtype)
             a, b, out = ops.sets[0]
             fns = {"library": library, "triton": ring_bench.scatter_variant(case, cuda, dtype, default, TRITON),

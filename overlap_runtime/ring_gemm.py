@@ -555,28 +555,45 @@ def gluon_plan(
     gemm_sms: int,
     col_groups: int | None = None,
 ) -> ScatterPlan | None:
-    """The plan on `ring_gluon`'s 128x128 tiles where that kernel takes the problem (`ring_gluon.takes_problem`)
-    and beats the Triton kernel, else None; `scatter_plan` asks only on a device it runs on
-    (`ring_gluon.runs_on`).
-
-    It beats it where its K loop is short (`GLUON_MAX_K_STEPS`), or where `ring_config`'s own pick is not
-    128x256 tiles in whole rounds (128x128 tiles, or a split tail: h5120 s2048 proj_fprop and fc2_fprop, 1.06x-1.12x
-    the library's time against 1.13x-1.42x at either dtype on one H100).  The segments are ``col_groups``
-    column groups per row group, else as many as `scatter_plan` would cut down to a divisor of the tile columns:
-    the kernel needs segments of one shape."""
+    """`gluon_tiling`'s plan where `ring_gluon`'s kernel takes the problem (`ring_gluon.takes_problem`) and
+    beats the Triton kernel (`gluon_pays`), else None; `scatter_plan` asks only on a device it runs on
+    (`ring_gluon.runs_on`)."""
     if not ring_gluon.takes_problem(rows, n, k, chunks=chunks, dtype=dtype):
         return None
+    if not gluon_pays(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms):
+        return None
+    plan = gluon_tiling(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms, col_groups=col_groups)
+    return plan if ring_gluon.takes_plan(plan) else None
+
+
+def gluon_pays(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, gemm_sms: int) -> bool:
+    """Whether `ring_gluon`'s kernel beats the Triton kernel on this problem: where its K loop is short
+    (`GLUON_MAX_K_STEPS`), or where `ring_config`'s own pick is not 128x256 tiles in whole rounds (128x128 tiles,
+    or a split tail: h5120 s2048 proj_fprop and fc2_fprop, 1.06x-1.12x the library's time against 1.13x-1.42x at
+    either dtype on one H100)."""
     triton_pick = ring_config(rows, n, k, chunks=chunks, dtype=dtype, gemm_sms=gemm_sms)
     whole_large = triton_pick.block_n == gemm.LARGE.block_n and not triton_pick.split_tail
-    if whole_large and triton.cdiv(k, ring_gluon.block_k(dtype)) > GLUON_MAX_K_STEPS[dtype]:
-        return None
+    return not whole_large or triton.cdiv(k, ring_gluon.block_k(dtype)) <= GLUON_MAX_K_STEPS[dtype]
+
+
+def gluon_tiling(
+    rows: int,
+    n: int,
+    k: int,
+    *,
+    chunks: int,
+    dtype: torch.dtype,
+    gemm_sms: int,
+    col_groups: int | None = None,
+) -> ScatterPlan:
+    """The plan on `ring_gluon`'s 128x128 tiles: ``col_groups`` column groups per row group, else as many as
+    `scatter_plan` would cut, down to a divisor of the tile columns (the kernel needs segments of one shape)."""
     cfg = gemm.for_dtype(gemm.MEDIUM, dtype)
     if col_groups is None:
         tiles_n = triton.cdiv(n, cfg.block_n)
         most = _col_groups(rows, n, k, chunks=chunks, dtype=dtype, cfg=cfg)
         col_groups = max(g for g in range(1, most + 1) if tiles_n % g == 0)
-    plan = _cut(rows, n, k, chunks=chunks, dtype=dtype, cfg=cfg, gemm_sms=gemm_sms, col_groups=col_groups)
-    return plan if ring_gluon.takes_plan(plan) else None
+    return _cut(rows, n, k, chunks=chunks, dtype=dtype, cfg=cfg, gemm_sms=gemm_sms, col_groups=col_groups)
 
 
 def _col_groups(rows: int, n: int, k: int, *, chunks: int, dtype: torch.dtype, cfg: gemm.GemmTileConfig) -> int:
