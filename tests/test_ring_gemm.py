@@ -210,8 +210,13 @@ sys.path.insert(0, "tests")
 from ring_cases import FP8, REL_TOL, rel_err, run_gather, run_scatter
 from overlap_runtime import gemm, ring_gemm
 
+
+def run_triton_scatter(*args, **kwargs):
+    # the Triton kernel: the Gluon one, which ring_gemm runs where it can, has tests/test_ring_gluon.py
+    return run_scatter(*args, gluon=False, **kwargs)
+
+
 configs = [None]  # the heuristic's pick (a split tail on the h5120 shapes), then each tile shape both ways
-# The Triton kernels: the Gluon scatter kernel, which ring_gemm runs where it can, has tests/test_ring_gluon.py
 for base in (gemm.LARGE, gemm.MEDIUM, gemm.SMALL):
     configs += [base, dataclasses.replace(base, split_tail=True)]
 # h5120 s2048 fc1 at TP=2 (1.3 rounds), whole tiles at 1.x rounds, and ragged chunks (pointer loads)
@@ -223,15 +228,14 @@ _CUDA_CHECKS = {
 for shape in shapes:
     for cfg in configs:
         for gemm_sms in (7, None):
-            for run in (run_gather, run_scatter):
+            for run in (run_gather, run_triton_scatter):
                 for rank in (0, 1):
                     case = (run.__name__, shape, cfg and cfg.label(), gemm_sms, rank)
-                    triton = {"gluon": False} if run is run_scatter else {}
                     out, ref = run(ring_gemm, 2, rank, shape, torch.bfloat16, tma=True, config=cfg, gemm_sms=gemm_sms,
-                                   device="cuda", **triton)
+                                   device="cuda")
                     assert rel_err(out, ref) <= 1e-2, case
                     again, _ = run(ring_gemm, 2, rank, shape, torch.bfloat16, tma=True, config=cfg,
-                                   gemm_sms=gemm_sms, device="cuda", **triton)
+                                   gemm_sms=gemm_sms, device="cuda")
                     assert torch.equal(again, out), case
                     passed += 1
 assert passed == len(shapes) * len(configs) * 2 * 2 * 2
@@ -241,12 +245,10 @@ print(f"cuda ring checks ok: {passed} bf16 cases")
     "fp8": """
 for shape in shapes:
     for cfg in [None] + [gemm.for_dtype(c, torch.float8_e4m3fn) for c in configs[1:]]:
-        for run in (run_gather, run_scatter):
+        for run in (run_gather, run_triton_scatter):
             for rank in (0, 1):
                 case = ("fp8", run.__name__, shape, cfg and cfg.label(), rank)
-                triton = {"gluon": False} if run is run_scatter else {}
-                out, ref = run(ring_gemm, 2, rank, shape, FP8, tma=True, config=cfg, gemm_sms=None, device="cuda",
-                               **triton)
+                out, ref = run(ring_gemm, 2, rank, shape, FP8, tma=True, config=cfg, gemm_sms=None, device="cuda")
                 assert out.dtype == torch.bfloat16 and rel_err(out, ref) <= REL_TOL[FP8], case
                 passed += 1
 assert passed == len(shapes) * len(configs) * 2 * 2
