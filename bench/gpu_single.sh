@@ -20,4 +20,4 @@ timeout "${GLUON_S:-120}" python3 bench/gluon_ring_check.py --skip-checks --out 
     > "$out/gluon_ring_$gpu.txt" 2>&1
 tail -1 "$out/gluon_ring_$gpu.txt"
 timeout "${TESTS_S:-420}" python3 -m pytest -q -p no:cacheprovider -n 4 -rA \
-    tests/test_gemm.py tests/test_ring_gemm.py tests/test_ring_gluon.py tests/test_flag_kernels.py -k "compiled or cuda" 2>&1 | tail -15 | tee "$out/compiled_tests.txt"
+    tests/test_gemm.py tests/test_ring_gemm.py tests/test_ring_gluon.py tests/test_flag_kernels.py -k "compiled or cuda" 2>&1 | tail -15 | tee "$out/compiled_$gpu.txt"
