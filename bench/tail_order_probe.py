@@ -1,0 +1,130 @@
+"""Probe: does a split tail cost less when its parts run first (issue 33's worst layer shapes, one GPU)?
+
+`gemm.split_tail` cuts the tiles of a part-empty last round along K and runs those parts after every whole
+tile, so each part's fp32 store, its count and the last part's read are the last thing a program does: nothing
+hides them.  On one H100 (bench/results/README.md) 2048x2560x5120 BF16 in 128x128 tiles took 90.6-92.7 us as
+the product, 82-84 us when the parts were stored and not read, and 70.0-70.7 us when nothing was stored (cuBLAS:
+71.5-72.6 us): the stores alone cost more than the gap to the library.  Stream-K schedules in CUTLASS run the
+split tiles first, so that their stores drain under the whole tiles that follow.  This probe times that order
+beside ours, without touching the kernel: it writes a copy of `overlap_runtime/gemm.py` whose persistent
+kernel calls `split_tail` before its loop over whole tiles (the one change; the parts, counts and sums are the
+same), imports it, and times both on the same operands:
+
+    python bench/tail_order_probe.py --out OUT.json
+
+Variants per shape: the library, the heuristic's config (`gemm.choose_config`), every split-tail config of the
+shape's sweep in both orders (``_first``: parts first), and each without a split tail.  Timing and checks as
+gemm_bench's (`bench.timing`, interleaved, relative error <= 1e-2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from bench.environment import environment  # noqa: E402
+from bench.gemm_bench import Bench, GemmShape  # noqa: E402
+from bench.tile_explore import WORST  # noqa: E402
+from bench.timing import Variant, library, scales, write_json  # noqa: E402
+from overlap_runtime import gemm  # noqa: E402
+
+LAST = """    for tile in tl.range(pid, whole_tiles, C.GEMM_SMS, flatten=C.TMA):
+        pid_m, pid_n = tile_position(tile, grid, C.GROUP_M)
+        off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
+        acc = partial_product(a, b, off, (0, steps), dims, stride_a, stride_b, scales, C)
+        store_tile(c, off, (M, N), stride_c, acc, C, C.TMA)
+    if C.SPLIT_TAIL:
+        split_tail(a, b, c, scales, scratch, whole_tiles, tail, grid, dims, stride_a, stride_b, stride_c, C)
+"""
+FIRST = """    if C.SPLIT_TAIL:
+        split_tail(a, b, c, scales, scratch, whole_tiles, tail, grid, dims, stride_a, stride_b, stride_c, C)
+    for tile in tl.range(pid, whole_tiles, C.GEMM_SMS, flatten=C.TMA):
+        pid_m, pid_n = tile_position(tile, grid, C.GROUP_M)
+        off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
+        acc = partial_product(a, b, off, (0, steps), dims, stride_a, stride_b, scales, C)
+        store_tile(c, off, (M, N), stride_c, acc, C, C.TMA)
+"""
+
+
+def parts_first(folder: Path) -> ModuleType:
+    """`overlap_runtime.gemm` with the split tail's parts run before the whole tiles, imported from a copy in
+    ``folder`` (Triton reads a kernel's source from its file)."""
+    source = (REPO / "overlap_runtime" / "gemm.py").read_text()
+    if source.count(LAST) != 1:
+        raise SystemExit("tail_order_probe: the persistent kernel's loop is not as this probe expects; update LAST")
+    path = folder / "gemm_parts_first.py"
+    path.write_text(source.replace(LAST, FIRST))
+    spec = importlib.util.spec_from_file_location("gemm_parts_first", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def ours(module: ModuleType, cfg: gemm.GemmTileConfig | None) -> Variant:
+    """``module``'s `matmul` on ``cfg`` (None: the heuristic's), as a benchmark variant.  The copy has a config
+    class of its own, which its `matmul` checks for."""
+    own = None if cfg is None else module.GemmTileConfig(**dataclasses.asdict(cfg))
+    return lambda a, b, out: module.matmul(a, b, out, config=own, **scales(a))
+
+
+def split_configs(bench: Bench, shape: GemmShape) -> list[gemm.GemmTileConfig]:
+    """The heuristic's config and `choose_config`'s 128x256 and 128x128 candidates, each with a split tail."""
+    found: list[gemm.GemmTileConfig] = []
+    for cfg in (bench.config(shape), gemm.for_dtype(gemm.LARGE, bench.dtype), gemm.for_dtype(gemm.MEDIUM, bench.dtype)):
+        cut = dataclasses.replace(cfg, split_tail=True)
+        if cut not in found:
+            found.append(cut)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    payload: dict = {"env": environment(), "results": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        first = parts_first(Path(folder))
+        for name, dtype in (("bf16", torch.bfloat16), ("fp8", gemm.FP8)):
+            bench = Bench(dtype=dtype, warmup=5, repeats=args.repeats)
+            rows = []
+            for m, n, k in WORST[name]:
+                shape = GemmShape(m=m, n=n, k=k, labels=())
+                variants: dict[str, Variant] = {"library": library, "heuristic": ours(gemm, None)}
+                for cfg in split_configs(bench, shape):
+                    variants[dataclasses.replace(cfg, split_tail=False).label()] = ours(
+                        gemm, dataclasses.replace(cfg, split_tail=False)
+                    )
+                    variants[cfg.label()] = ours(gemm, cfg)
+                    variants[cfg.label() + "_first"] = ours(first, cfg)
+                timed = bench.measure(shape, variants, seed=3)
+                lib = timed["library"]["ms"]
+                speed = {label: lib / r["ms"] for label, r in timed.items() if r.get("correct") and "ms" in r}
+                print(f"{name} {m}x{n}x{k}: library {lib * 1e3:.1f} us; "
+                      + ", ".join(f"{label} {s:.3f}" for label, s in speed.items() if label != "library"),
+                      flush=True)  # fmt: skip
+                rows.append({"m": m, "n": n, "k": k, "library_ms": lib, "speed": speed, "timed": timed})
+                payload["results"][name] = rows
+                payload["failures_" + name] = bench.failures
+                payload["wall_s"] = time.monotonic() - started
+                write_json(args.out, payload)  # after every shape: a run cut short keeps what it measured
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
