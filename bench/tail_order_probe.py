@@ -1,20 +1,25 @@
-"""Probe: does a split tail cost less when its parts run first (issue 33's worst layer shapes, one GPU)?
+"""Probe: does a split tail cost less when its parts run first, or without its counters' memset (issue 33)?
 
 `gemm.split_tail` cuts the tiles of a part-empty last round along K and runs those parts after every whole
 tile, so each part's fp32 store, its count and the last part's read are the last thing a program does: nothing
 hides them.  On one H100 (bench/results/README.md) 2048x2560x5120 BF16 in 128x128 tiles took 90.6-92.7 us as
 the product, 82-84 us when the parts were stored and not read, and 70.0-70.7 us when nothing was stored (cuBLAS:
 71.5-72.6 us): the stores alone cost more than the gap to the library.  Stream-K schedules in CUTLASS run the
-split tiles first, so that their stores drain under the whole tiles that follow.  This probe times that order
-beside ours, without touching the kernel: it writes a copy of `overlap_runtime/gemm.py` whose persistent
-kernel calls `split_tail` before its loop over whole tiles (the one change; the parts, counts and sums are the
-same), imports it, and times both on the same operands:
+split tiles first, so that their stores drain under the whole tiles that follow.  And every call with a split
+tail zeroes its counters first (`gemm.TailSplit.plan`: ``torch.zeros``), a kernel of its own inside the timed
+call, which the kernel would not need if the counters were kept: it resets each one after use.
+
+This probe times both changes beside ours without touching the kernel: it writes copies of
+`overlap_runtime/gemm.py` (``first``: the persistent kernel calls `split_tail` before its loop over whole tiles;
+``kept``: the counters are zeroed once and kept for later calls on the benchmark's one stream; and both),
+imports them and times them on the same operands:
 
     python bench/tail_order_probe.py --out OUT.json
 
-Variants per shape: the library, the heuristic's config (`gemm.choose_config`), every split-tail config of the
-shape's sweep in both orders (``_first``: parts first), and each without a split tail.  Timing and checks as
-gemm_bench's (`bench.timing`, interleaved, relative error <= 1e-2).
+Variants per shape (`tile_explore.WORST`): the library, the heuristic's config (`gemm.choose_config`), and for
+the heuristic's config and `choose_config`'s 128x256 and 128x128 candidates, each with a split tail: ours, the
+three copies (``_first``, ``_kept``, ``_first_kept``), and the same tiles without a split tail.  Timing and
+checks as gemm_bench's (`bench.timing`, interleaved, relative error <= 1e-2).
 """
 
 from __future__ import annotations
@@ -58,15 +63,33 @@ FIRST = """    if C.SPLIT_TAIL:
 """
 
 
-def parts_first(folder: Path) -> ModuleType:
-    """`overlap_runtime.gemm` with the split tail's parts run before the whole tiles, imported from a copy in
-    ``folder`` (Triton reads a kernel's source from its file)."""
+ZEROED = "locks=torch.zeros(tail, dtype=torch.int32, device=device)"
+KEPT = "locks=_kept_locks(tail, device)"
+KEEPER = """
+
+_KEPT: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _kept_locks(tail: int, device: torch.device) -> torch.Tensor:
+    if (device, tail) not in _KEPT:
+        _KEPT[(device, tail)] = torch.zeros(tail, dtype=torch.int32, device=device)
+    return _KEPT[(device, tail)]
+"""
+EDITS = {"first": ((LAST, FIRST),), "kept": ((ZEROED, KEPT),), "first_kept": ((LAST, FIRST), (ZEROED, KEPT))}
+"""The copies of `overlap_runtime.gemm` and the (old, new) text edits that make each."""
+
+
+def copy_of_gemm(name: str, folder: Path) -> ModuleType:
+    """`overlap_runtime.gemm` with `EDITS`[``name``] made, imported from a copy in ``folder`` (Triton reads a
+    kernel's source from its file)."""
     source = (REPO / "overlap_runtime" / "gemm.py").read_text()
-    if source.count(LAST) != 1:
-        raise SystemExit("tail_order_probe: the persistent kernel's loop is not as this probe expects; update LAST")
-    path = folder / "gemm_parts_first.py"
-    path.write_text(source.replace(LAST, FIRST))
-    spec = importlib.util.spec_from_file_location("gemm_parts_first", path)
+    for old, new in EDITS[name]:
+        if source.count(old) != 1:
+            raise SystemExit(f"tail_order_probe: gemm.py is not as this probe expects; update {old[:40]!r}")
+        source = source.replace(old, new)
+    path = folder / f"gemm_{name}.py"
+    path.write_text(source + (KEEPER if name.endswith("kept") else ""))
+    spec = importlib.util.spec_from_file_location(f"gemm_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -99,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     payload: dict = {"env": environment(), "results": {}}
     with tempfile.TemporaryDirectory() as folder:
-        first = parts_first(Path(folder))
+        copies = {name: copy_of_gemm(name, Path(folder)) for name in EDITS}
         for name, dtype in (("bf16", torch.bfloat16), ("fp8", gemm.FP8)):
             bench = Bench(dtype=dtype, warmup=5, repeats=args.repeats)
             rows = []
@@ -111,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                         gemm, dataclasses.replace(cfg, split_tail=False)
                     )
                     variants[cfg.label()] = ours(gemm, cfg)
-                    variants[cfg.label() + "_first"] = ours(first, cfg)
+                    for name, module in copies.items():
+                        variants[f"{cfg.label()}_{name}"] = ours(module, cfg)
                 timed = bench.measure(shape, variants, seed=3)
                 lib = timed["library"]["ms"]
                 speed = {label: lib / r["ms"] for label, r in timed.items() if r.get("correct") and "ms" in r}
