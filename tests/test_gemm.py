@@ -144,6 +144,28 @@ def test_split_tail_adds_the_k_parts_of_the_last_round_in_a_fixed_order(
     assert torch.equal(gemm.matmul(a, b, gemm_sms=gemm_sms, config=cfg), out)
 
 
+@pytest.mark.parametrize("copy", ["first", "kept", "first_kept"])
+def test_the_tail_order_probes_copies_compute_our_bits_and_keep_their_counters_at_zero(
+    copy: str, tmp_path: Path
+) -> None:
+    """`bench/tail_order_probe.py` times copies of gemm.py with the split tail's parts run first and its counters
+    kept between calls: each must add the same parts in the same order as ours, call after call."""
+    from bench import tail_order_probe  # imported here: it binds the interpreted kernel modules
+
+    module = tail_order_probe.copy_of_gemm(copy, tmp_path)
+    assert module.INTERPRETED
+    cfg = GemmTileConfig(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1, group_m=2, split_tail=True)
+    for m, n, k, gemm_sms in [(48, 48, 256, 8), (16, 16, 512, 4)]:  # 2 and 4 parts
+        a, b = _operands(m, n, k, torch.bfloat16, seed=9)
+        ours = gemm.matmul(a, b, gemm_sms=gemm_sms, config=cfg)
+        own = module.GemmTileConfig(**dataclasses.asdict(cfg))
+        for _ in range(2):
+            assert torch.equal(module.matmul(a, b, gemm_sms=gemm_sms, config=own), ours)
+    kept = getattr(module, "_KEPT", {})
+    assert bool(kept) == copy.endswith("kept")  # one tail tile in both cases: one kept counter
+    assert all(not counters.any() for counters in kept.values())
+
+
 def test_tail_splits_uses_the_idle_programs_up_to_the_cap() -> None:
     assert gemm.tail_splits(432, 132, 80) == 3  # h5120 s2048 fc1: 36 tiles in the last round, 132 // 36
     assert gemm.tail_splits(140, 132, 80) == gemm.MAX_TAIL_SPLITS  # 8 tiles: capped, not 132 // 8 = 16 parts
