@@ -7,6 +7,11 @@ STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 # The fleet test runs a real one-node Slurm (tests/conftest_slurm.py): Debian's daemons, started by the test.
 SLURM := /usr/sbin/slurmdbd
+# bench/sm90_compile.py compiles our kernels for Hopper with the Triton release the GPU hosts run (the Gluon
+# kernel is written in it): that Triton alone, over the project's environment (torch and the rest, by a .pth).
+SM90 := .venv-sm90
+SM90_STAMP := $(SM90)/.installed
+SM90_TRITON := 3.6.0
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,6 +19,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q "torch==2.13.0"
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
+
+$(SM90_STAMP): $(STAMP) Makefile
+	$(PY) -m venv $(SM90)
+	$(BIN)/python -c "import site; print(site.getsitepackages()[0])" > \
+		"$$($(SM90)/bin/python -c 'import site; print(site.getsitepackages()[0])')/project.pth"
+	$(SM90)/bin/pip install -q --no-deps "triton==$(SM90_TRITON)"
+	touch $(SM90_STAMP)
 
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
@@ -27,7 +39,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/autotune serve --local-worker
 
-test: $(STAMP) $(CHROMIUM) $(SLURM)
+test: $(STAMP) $(SM90_STAMP) $(CHROMIUM) $(SLURM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	# Where Python is told not to write bytecode (PYTHONDONTWRITEBYTECODE, set on our CI machines), each of the
@@ -40,7 +52,7 @@ test: $(STAMP) $(CHROMIUM) $(SLURM)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-suite: $(STAMP) $(CHROMIUM) $(SLURM)
+suite: $(STAMP) $(SM90_STAMP) $(CHROMIUM) $(SLURM)
 	# Four test files at a time, the longest first (tests/conftest.py): a test mostly waits for the controllers,
 	# workers and rank processes it started, so four pytest processes keep two cores busy with their work.
 	# One BLAS/OpenMP thread per process: four test processes (Triton's interpreter multiplies with numpy) beside

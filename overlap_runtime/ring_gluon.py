@@ -68,6 +68,7 @@ GROUP_M the plan's.  The split tail is not ported: its parts would meet through 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 from collections.abc import Callable
@@ -680,7 +681,8 @@ def scatter_matmul(
     a_desc, b_desc, c_desc = gemm_descriptors(a, b, out, (BLOCK_M, BLOCK_N, block_k(a.dtype)))
     scale_a, scale_b = scales if scales is not None else (None, None)
     tiles = chunks * (rows // BLOCK_M) * (n // BLOCK_N)
-    with torch.cuda.device(a.device):
+    # on a CUDA device, or compiled for one without launching (bench/sm90_compile.py)
+    with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
         _scatter_kernel[(min(plan.gemm_sms, tiles),)](
             a_desc,
             b_desc,
