@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+# Compiled, never interpreted: a test process that ran kernels in the interpreter passes its TRITON_INTERPRET on.
+os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
