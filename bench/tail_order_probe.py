@@ -29,39 +29,30 @@ import dataclasses
 import importlib.util
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
-
-from bench.environment import environment  # noqa: E402
 from bench.gemm_bench import Bench, GemmShape  # noqa: E402
-from bench.tile_explore import WORST  # noqa: E402
-from bench.timing import Variant, library, scales, write_json  # noqa: E402
+from bench.tile_explore import sweep_worst  # noqa: E402
+from bench.timing import Variant, scales  # noqa: E402
 from overlap_runtime import gemm  # noqa: E402
 
-LAST = """    for tile in tl.range(pid, whole_tiles, C.GEMM_SMS, flatten=C.TMA):
-        pid_m, pid_n = tile_position(tile, grid, C.GROUP_M)
-        off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
-        acc = partial_product(a, b, off, (0, steps), dims, stride_a, stride_b, scales, C)
-        store_tile(c, off, (M, N), stride_c, acc, C, C.TMA)
-    if C.SPLIT_TAIL:
-        split_tail(a, b, c, scales, scratch, whole_tiles, tail, grid, dims, stride_a, stride_b, stride_c, C)
-"""
-FIRST = """    if C.SPLIT_TAIL:
-        split_tail(a, b, c, scales, scratch, whole_tiles, tail, grid, dims, stride_a, stride_b, stride_c, C)
-    for tile in tl.range(pid, whole_tiles, C.GEMM_SMS, flatten=C.TMA):
+WHOLE_TILES = """    for tile in tl.range(pid, whole_tiles, C.GEMM_SMS, flatten=C.TMA):
         pid_m, pid_n = tile_position(tile, grid, C.GROUP_M)
         off = (pid_m * C.BLOCK_M, pid_n * C.BLOCK_N)
         acc = partial_product(a, b, off, (0, steps), dims, stride_a, stride_b, scales, C)
         store_tile(c, off, (M, N), stride_c, acc, C, C.TMA)
 """
-
+SPLIT_TAIL = """    if C.SPLIT_TAIL:
+        split_tail(a, b, c, scales, scratch, whole_tiles, tail, grid, dims, stride_a, stride_b, stride_c, C)
+"""
+"""The persistent kernel's body in `gemm.py`: the loop over whole tiles, then the split tail."""
+LAST, FIRST = WHOLE_TILES + SPLIT_TAIL, SPLIT_TAIL + WHOLE_TILES
 
 ZEROED = "locks=torch.zeros(tail, dtype=torch.int32, device=device)"
 KEPT = "locks=_kept_locks(tail, device)"
@@ -114,39 +105,32 @@ def split_configs(bench: Bench, shape: GemmShape) -> list[gemm.GemmTileConfig]:
     return found
 
 
+def speed_row(timed: dict[str, dict], speed: dict[str, float]) -> tuple[dict[str, Any], str]:
+    """This probe's row: every variant's speed and timings; printed, every speed."""
+    said = ", ".join(f"{label} {s:.3f}" for label, s in speed.items() if label != "library")
+    return {"speed": speed, "timed": timed}, said
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args(argv)
-    started = time.monotonic()
-    payload: dict = {"env": environment(), "results": {}}
     with tempfile.TemporaryDirectory() as folder:
         copies = {name: copy_of_gemm(name, Path(folder)) for name in EDITS}
-        for name, dtype in (("bf16", torch.bfloat16), ("fp8", gemm.FP8)):
-            bench = Bench(dtype=dtype, warmup=5, repeats=args.repeats)
-            rows = []
-            for m, n, k in WORST[name]:
-                shape = GemmShape(m=m, n=n, k=k, labels=())
-                variants: dict[str, Variant] = {"library": library, "heuristic": ours(gemm, None)}
-                for cfg in split_configs(bench, shape):
-                    variants[dataclasses.replace(cfg, split_tail=False).label()] = ours(
-                        gemm, dataclasses.replace(cfg, split_tail=False)
-                    )
-                    variants[cfg.label()] = ours(gemm, cfg)
-                    for name, module in copies.items():
-                        variants[f"{cfg.label()}_{name}"] = ours(module, cfg)
-                timed = bench.measure(shape, variants, seed=3)
-                lib = timed["library"]["ms"]
-                speed = {label: lib / r["ms"] for label, r in timed.items() if r.get("correct") and "ms" in r}
-                print(f"{name} {m}x{n}x{k}: library {lib * 1e3:.1f} us; "
-                      + ", ".join(f"{label} {s:.3f}" for label, s in speed.items() if label != "library"),
-                      flush=True)  # fmt: skip
-                rows.append({"m": m, "n": n, "k": k, "library_ms": lib, "speed": speed, "timed": timed})
-                payload["results"][name] = rows
-                payload["failures_" + name] = bench.failures
-                payload["wall_s"] = time.monotonic() - started
-                write_json(args.out, payload)  # after every shape: a run cut short keeps what it measured
+
+        def variants(bench: Bench, shape: GemmShape) -> dict[str, Variant]:
+            """Per split config of the shape: without a split tail, ours, and each copy."""
+            found: dict[str, Variant] = {"heuristic": ours(gemm, None)}
+            for cfg in split_configs(bench, shape):
+                whole = dataclasses.replace(cfg, split_tail=False)
+                found[whole.label()] = ours(gemm, whole)
+                found[cfg.label()] = ours(gemm, cfg)
+                for copy, module in copies.items():
+                    found[f"{cfg.label()}_{copy}"] = ours(module, cfg)
+            return found
+
+        sweep_worst(args.out, repeats=args.repeats, variants=variants, row=speed_row)
     return 0
 
 

@@ -15,7 +15,9 @@ import argparse
 import itertools
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -23,7 +25,7 @@ import torch
 
 from bench.environment import environment
 from bench.gemm_bench import Bench, GemmShape
-from bench.timing import library, scales, write_json
+from bench.timing import Variant, library, scales, write_json
 from overlap_runtime import gemm
 
 WORST = {
@@ -54,38 +56,59 @@ def configs(dtype: torch.dtype) -> list[gemm.GemmTileConfig]:
     return found
 
 
+Row = Callable[[dict[str, dict], dict[str, float]], tuple[dict[str, Any], str]]
+"""What a sweep keeps of one shape's timings (``timed``, and each correct variant's speed over the library's):
+(its fields of the JSON row, its part of the printed line)."""
+
+
+def sweep_worst(
+    out: Path, *, repeats: int, variants: Callable[[Bench, GemmShape], dict[str, Variant]], row: Row
+) -> None:
+    """Time the library and ``variants(bench, shape)`` on every `WORST` shape of both dtypes, checked and
+    interleaved (`Bench.measure`), and write ``row``'s part of each into ``out`` after every shape, so that a run
+    cut short keeps what it measured."""
+    started = time.monotonic()
+    payload: dict[str, Any] = {"env": environment(), "results": {}}
+    for dtype_name, dtype in (("bf16", torch.bfloat16), ("fp8", gemm.FP8)):
+        bench = Bench(dtype=dtype, warmup=5, repeats=repeats)
+        rows = []
+        for m, n, k in WORST[dtype_name]:
+            shape = GemmShape(m=m, n=n, k=k, labels=())
+            timed = bench.measure(shape, {"library": library, **variants(bench, shape)}, seed=3)
+            lib = timed["library"]["ms"]
+            speed = {label: lib / r["ms"] for label, r in timed.items() if r.get("correct") and "ms" in r}
+            fields, said = row(timed, speed)
+            print(f"{dtype_name} {m}x{n}x{k}: library {lib * 1e3:.1f} us, {said}", flush=True)
+            rows.append({"m": m, "n": n, "k": k, "library_ms": lib, **fields})
+            payload["results"][dtype_name] = rows
+            payload["failures_" + dtype_name] = bench.failures
+            payload["wall_s"] = time.monotonic() - started
+            write_json(out, payload)
+
+
+def ranked_row(timed: dict[str, dict], speed: dict[str, float]) -> tuple[dict[str, Any], str]:
+    """This sweep's row: every variant ranked by speed, the top eight's timings; printed, the heuristic and the
+    best six."""
+    ranked = sorted(((s, label) for label, s in speed.items()), reverse=True)
+    top = [label for _, label in ranked[:8]]
+    said = f"heuristic {speed['heuristic']:.3f}; best " + ", ".join(f"{s:.3f} {lab}" for s, lab in ranked[:6])
+    return {"ranked": ranked, "top": {t: timed[t] for t in top}}, said
+
+
+def every_config(bench: Bench, shape: GemmShape) -> dict[str, Variant]:
+    """The heuristic's pick and every config of `configs`."""
+    variants: dict[str, Variant] = {"heuristic": lambda a, b, o: gemm.matmul(a, b, o, **scales(a))}
+    for cfg in configs(bench.dtype):
+        variants[cfg.label()] = lambda a, b, o, cfg=cfg: gemm.matmul(a, b, o, config=cfg, **scales(a))
+    return variants
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args(argv)
-    started = time.monotonic()
-    payload: dict = {"env": environment(), "results": {}}
-    for name, dtype in (("bf16", torch.bfloat16), ("fp8", gemm.FP8)):
-        bench = Bench(dtype=dtype, warmup=5, repeats=args.repeats)
-        rows = []
-        for m, n, k in WORST[name]:
-            shape = GemmShape(m=m, n=n, k=k, labels=())
-            variants = {"library": library, "heuristic": lambda a, b, o: gemm.matmul(a, b, o, **scales(a))}
-            for cfg in configs(dtype):
-                variants[cfg.label()] = lambda a, b, o, cfg=cfg: gemm.matmul(a, b, o, config=cfg, **scales(a))
-            timed = bench.measure(shape, variants, seed=3)
-            lib = timed["library"]["ms"]
-            ranked = sorted(
-                ((lib / r["ms"], label) for label, r in timed.items() if r.get("correct") and "ms" in r),
-                reverse=True,
-            )
-            top = [label for _, label in ranked[:8]]
-            print(f"{name} {m}x{n}x{k}: library {lib * 1e3:.1f} us, heuristic "
-                  f"{lib / timed['heuristic']['ms']:.3f}; best " + ", ".join(f"{s:.3f} {lab}" for s, lab in ranked[:6]),
-                  flush=True)  # fmt: skip
-            rows.append(
-                {"m": m, "n": n, "k": k, "library_ms": lib, "ranked": ranked, "top": {t: timed[t] for t in top}}
-            )
-            payload["results"][name] = rows
-            payload["failures_" + name] = bench.failures
-            payload["wall_s"] = time.monotonic() - started
-            write_json(args.out, payload)  # after every shape: a run cut short keeps what it measured
+    sweep_worst(args.out, repeats=args.repeats, variants=every_config, row=ranked_row)
     return 0
 
 
